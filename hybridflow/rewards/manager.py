@@ -1,0 +1,132 @@
+"""Scoring a batch of decoded responses into token-level scores.
+
+Tokenizer-free: the caller decodes responses and passes the strings plus each response's length
+in tokens. The score of a response goes on its last token (index length - 1), as the advantage
+estimators expect (outcome reward). A reward function that raises on one sample never stops the
+run: that sample scores 0.0, the exception is counted in the metric `reward/errors`, and the
+first few are logged with the sample index.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from hybridflow.rewards.loader import load_reward_function
+from hybridflow.rewards.registry import ComputeScoreFn, default_compute_score
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardResult:
+    token_level_scores: Tensor  # [B, R] float32, score on each response's last token
+    scores: list[float]  # [B]
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # dict results' other keys, per sample (None if absent)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _as_score(result: Any) -> tuple[float, dict[str, Any]]:
+    """Split a reward function's result into (score, extra fields); raise on a malformed one."""
+    extra: dict[str, Any] = {}
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"reward function returned a dict without a 'score' key: keys {sorted(result)}")
+        extra = {k: v for k, v in result.items() if k != "score"}
+        result = result["score"]
+    if isinstance(result, Tensor) and result.numel() == 1:
+        result = result.item()
+    if not isinstance(result, Real):
+        raise TypeError(f"reward function returned {type(result).__name__}, expected a number or a dict with 'score'")
+    score = float(result)
+    if not math.isfinite(score):
+        raise ValueError(f"reward function returned a non-finite score {score}")
+    return score, extra
+
+
+class RewardManager:
+    """Calls `compute_score(data_source, solution_str, ground_truth, extra_info)` per sample."""
+
+    def __init__(self, compute_score: ComputeScoreFn | None = None, max_logged_errors: int = 3):
+        self.compute_score = compute_score or default_compute_score
+        self.max_logged_errors = max_logged_errors
+        self._logged_errors = 0  # over this manager's lifetime, so a bad function cannot flood logs
+
+    def __call__(self, responses: Sequence[str], response_lengths: Sequence[int] | Tensor,
+                 max_response_length: int, data_sources: Sequence[str], ground_truths: Sequence[Any],
+                 extra_infos: Sequence[dict | None] | None = None) -> RewardResult:
+        batch = len(responses)
+        lengths = [int(n) for n in (response_lengths.tolist() if isinstance(response_lengths, Tensor)
+                                    else response_lengths)]
+        extra_infos = [None] * batch if extra_infos is None else list(extra_infos)
+        for name, column in (("response_lengths", lengths), ("data_sources", data_sources),
+                             ("ground_truths", ground_truths), ("extra_infos", extra_infos)):
+            if len(column) != batch:
+                raise ValueError(f"reward: {name} has {len(column)} entries for {batch} responses")
+        bad = [n for n in lengths if not 0 <= n <= max_response_length]
+        if bad:
+            raise ValueError(f"reward: response length {bad[0]} outside [0, max_response_length={max_response_length}]")
+
+        scores: list[float] = []
+        extras: list[dict[str, Any]] = []
+        errors = 0
+        for i in range(batch):
+            try:
+                score, extra = _as_score(self.compute_score(
+                    data_source=data_sources[i], solution_str=responses[i],
+                    ground_truth=ground_truths[i], extra_info=extra_infos[i]))
+            except Exception as exc:
+                errors += 1
+                score, extra = 0.0, {}
+                self._log_error(i, data_sources[i], exc)
+            scores.append(score)
+            extras.append(extra)
+
+        token_level_scores = torch.zeros(batch, max_response_length, dtype=torch.float32)
+        for i, (score, n) in enumerate(zip(scores, lengths)):
+            # an empty response has no token; its score sits on position 0 (masked out downstream)
+            if max_response_length > 0:
+                token_level_scores[i, max(n - 1, 0)] = score
+
+        keys = sorted({k for extra in extras for k in extra})
+        extra_columns = {k: [extra.get(k) for extra in extras] for k in keys}
+        return RewardResult(token_level_scores, scores, extra_columns,
+                            self._metrics(scores, data_sources, extra_columns, errors))
+
+    def _log_error(self, index: int, data_source: Any, exc: Exception) -> None:
+        if self._logged_errors < self.max_logged_errors:
+            logger.warning("reward function raised on sample %d (data_source=%r); scored 0.0: %s: %s",
+                           index, data_source, type(exc).__name__, exc, exc_info=exc)
+        elif self._logged_errors == self.max_logged_errors:
+            logger.warning("further reward function errors are only counted in reward/errors")
+        self._logged_errors += 1
+
+    @staticmethod
+    def _metrics(scores: list[float], data_sources: Sequence[str], extra_columns: dict[str, list[Any]],
+                 errors: int) -> dict[str, float]:
+        metrics = {"reward/errors": float(errors)}
+        if scores:
+            metrics["reward/score/mean"] = sum(scores) / len(scores)
+        for source in sorted({str(s) for s in data_sources}):
+            picked = [s for s, src in zip(scores, data_sources) if str(src) == source]
+            metrics[f"reward/score/{source}/mean"] = sum(picked) / len(picked)
+        for key, column in extra_columns.items():
+            numbers = [float(v) for v in column if isinstance(v, Real)]
+            if numbers:
+                metrics[f"reward/{key}/mean"] = sum(numbers) / len(numbers)
+        return metrics
+
+
+def make_reward_manager(custom_path: str | None = None, custom_name: str = "compute_score",
+                        reward_kwargs: dict[str, Any] | None = None,
+                        max_logged_errors: int = 3) -> RewardManager:
+    """From the `custom_reward_function` config group: the user's function when `path` is set,
+    else the built-in dispatcher by data_source."""
+    fn = load_reward_function(custom_path, custom_name, reward_kwargs) if custom_path else None
+    return RewardManager(fn, max_logged_errors=max_logged_errors)

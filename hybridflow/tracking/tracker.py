@@ -1,0 +1,86 @@
+"""One object the trainer logs to; it fans each step's metrics out to the chosen backends.
+
+    tracker = Tracker(cfg.trainer.logger, cfg.trainer.project_name,
+                      cfg.trainer.experiment_name, cfg.trainer.default_local_dir, config_dict)
+    tracker.log({"critic/score/mean": 0.4, ...}, step=3)
+    tracker.finish()
+
+Every backend has the same three-call shape: `__init__(output_dir, project_name,
+experiment_name, config)`, `log(metrics, step)`, `finish()`. The names accepted in
+`trainer.logger` are the keys of `BACKENDS`; adding a backend means adding one file and one
+entry there.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable
+
+from hybridflow.tracking.console_logger import ConsoleLogger
+from hybridflow.tracking.jsonl_logger import JsonlLogger
+from hybridflow.tracking.mlflow_logger import MlflowLogger
+from hybridflow.tracking.tensorboard_logger import TensorboardLogger
+from hybridflow.tracking.wandb_logger import WandbLogger
+
+BACKENDS: dict[str, type] = {
+    "console": ConsoleLogger,
+    "jsonl": JsonlLogger,
+    "tensorboard": TensorboardLogger,
+    "mlflow": MlflowLogger,
+    "wandb": WandbLogger,
+}
+
+
+def _as_float(key: str, value: Any) -> float:
+    # numbers.Real covers int, float, numpy scalars; 0-d tensors expose .item().
+    if hasattr(value, "item") and not isinstance(value, numbers.Real):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__} "
+                        f"({value!r}); log numbers only (tensor.item(), float(x))")
+    return float(value)
+
+
+class Tracker:
+    def __init__(self, loggers: str | Iterable[str], project_name: str, experiment_name: str,
+                 output_dir: str, config: dict[str, Any] | None = None):
+        names = [loggers] if isinstance(loggers, str) else list(loggers)
+        unknown = [n for n in names if n not in BACKENDS]
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; "
+                             f"valid names are {sorted(BACKENDS)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"trainer.logger lists a logger twice: {names}")
+        if config is not None and not isinstance(config, dict):
+            from omegaconf import DictConfig, OmegaConf
+            if not isinstance(config, DictConfig):
+                raise TypeError(f"Tracker config must be a dict, got {type(config).__name__}")
+            # Backends read plain containers; interpolations resolved as the run sees them.
+            config = OmegaConf.to_container(config, resolve=True)
+        self.output_dir = output_dir
+        self.backends: dict[str, Any] = {}
+        try:
+            for name in names:
+                self.backends[name] = BACKENDS[name](output_dir, project_name, experiment_name,
+                                                     dict(config or {}))
+        except BaseException:
+            self.finish()  # close the ones already opened (files, wandb service)
+            raise
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Log one step. Values are converted to float here, once, for every backend."""
+        clean = {key: _as_float(key, value) for key, value in metrics.items()}
+        for backend in self.backends.values():
+            backend.log(clean, int(step))
+
+    def finish(self) -> None:
+        """Flush and close every backend; safe to call twice."""
+        backends, self.backends = self.backends, {}
+        for backend in backends.values():
+            backend.finish()
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.finish()
+

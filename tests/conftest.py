@@ -1,0 +1,21 @@
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance shared by the tests that ask for it (4 logical CPUs on a 2-core box)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=512 * 1024**2,
+                 runtime_env={"env_vars": {"PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    ray.shutdown()

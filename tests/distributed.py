@@ -1,0 +1,59 @@
+"""Run a function on N real processes joined in one gloo world (for engine/rollout/reshard tests).
+
+Ray-free on purpose: these tests check SPMD numerics; the controller tests cover Ray.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    try:
+        import torch
+        torch.set_num_threads(1)
+        from hybridflow.device import init_distributed
+        init_distributed(timeout_s=120)
+        queue.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException:  # report, never hang the parent
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_distributed(fn, world_size: int, *args, timeout_s: float = 300.0):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return results by rank.
+
+    ``fn`` must be importable (module level) and its return value picklable.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    try:
+        for _ in range(world_size):
+            rank, status, value = queue.get(timeout=timeout_s)
+            if status == "error":
+                errors.append(f"rank {rank}:\n{value}")
+                break
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if errors else 30)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("distributed test failed on " + "\n".join(errors))
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,227 @@
+"""The controller with real Ray actors: dispatch modes, collectives, colocation, futures, failures."""
+import os
+import time
+
+import pytest
+import torch
+
+from hybridflow.controller import (Dispatch, DispatchMode, Execute, RayClassWithInitArgs, RayWorkerGroup,
+                                   ResourceError, ResourcePool, Worker, WorkerGroupError,
+                                   create_colocated_worker_cls, register)
+from hybridflow.protocol import DataProto
+
+pytestmark = pytest.mark.slow
+
+
+def rows(n, offset=0):
+    return DataProto.from_dict({"x": torch.arange(offset, offset + n).unsqueeze(1).float()},
+                               {"tag": [f"r{i}" for i in range(offset, offset + n)]})
+
+
+class EchoWorker(Worker):
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = scale
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def who(self, tag):
+        return (self.rank, self.world_size, tag, os.getpid())
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def add(self, a, b):
+        return a + b + self.rank
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: DataProto):
+        y = data.batch["x"] * 2 * self.scale
+        out = DataProto.from_dict({"x": y, "y": y, "rank": torch.full((len(data),), self.rank)},
+                                  {"tag": data.non_tensor_batch["tag"]})
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def double_async(self, data: DataProto):
+        return self.double.__wrapped__(self, data)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def only_zero(self):
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def allreduce(self):
+        import torch.distributed as dist
+        self.init_distributed(timeout_s=60)
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return (dist.get_backend(), float(t))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def boom(self):
+        if self.rank == 1:
+            raise ValueError("bad sample 17")
+        return "ok"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self.rank
+
+
+class MeshWorker(Worker):
+    """2 ranks as one TP group (tp=2, dp=1): both get the same data, rank 0 is collected."""
+
+    def __init__(self, tp):
+        super().__init__()
+        self.register_mesh("train", dp_rank=self.rank // tp, dp_size=self.world_size // tp,
+                           is_collect=self.rank % tp == 0)
+
+    @register(dispatch_mode=Dispatch.mesh("train"))
+    def forward(self, data: DataProto):
+        return DataProto.from_dict({"y": data.batch["x"] + 100 * self.rank}, {"tag": data.non_tensor_batch["tag"]})
+
+    @register(dispatch_mode=Dispatch.mesh("train"), blocking=False)
+    def forward_async(self, data: DataProto):
+        return self.forward.__wrapped__(self, data)
+
+
+def _gather_all(group, *args, **kwargs):
+    return [((list(range(group.world_size)),), {})] * group.world_size
+
+
+def _sum_collect(group, outputs):
+    return sum(outputs)
+
+
+class CustomWorker(Worker):
+    @register(dispatch_mode=DispatchMode(_gather_all, _sum_collect))
+    def count(self, ranks):
+        return len(ranks) * (self.rank + 1)
+
+
+_POOLS = []
+
+
+def make_group(cls, n=2, *args, name="g", timeout_s=None, **kwargs):
+    pool = ResourcePool([n], cpus_per_slot=0.5, ready_timeout_s=60)
+    _POOLS.append(pool)
+    return RayWorkerGroup(pool, RayClassWithInitArgs(cls, *args, **kwargs), name_prefix=name, timeout_s=timeout_s)
+
+
+@pytest.fixture(autouse=True)
+def release_pools():
+    yield
+    while _POOLS:
+        _POOLS.pop().release()
+
+
+def test_one_to_all_all_to_all_rank_zero(ray_cluster):
+    g = make_group(EchoWorker, name="echo")
+    got = g.who("hi")
+    assert [(r, w, t) for r, w, t, _ in got] == [(0, 2, "hi"), (1, 2, "hi")]
+    assert g.add([1, 10], [2, 20]) == [3, 31]
+    assert g.only_zero() == 0
+    with pytest.raises(ValueError, match="list of 2 items"):
+        g.add(1, 2)
+    g.shutdown()
+
+
+@pytest.mark.parametrize("n", [5, 7, 1])
+def test_dp_compute_proto_uneven(ray_cluster, n):
+    g = make_group(EchoWorker, 2, 3.0, name=f"dp{n}")
+    out = g.double(rows(n))
+    assert len(out) == n
+    assert torch.equal(out.batch["y"].squeeze(1), torch.arange(n).float() * 6)
+    assert list(out.non_tensor_batch["tag"]) == [f"r{i}" for i in range(n)]
+    # first ceil(n/2) rows went to rank 0
+    assert out.batch["rank"].tolist() == [0] * ((n + 1) // 2) + [1] * (n // 2)
+    g.shutdown()
+
+
+def test_mesh_dispatch_replicates_within_tp_and_collects_once(ray_cluster):
+    g = make_group(MeshWorker, 2, 2, name="mesh")
+    out = g.forward(rows(3))
+    # dp_size 1: both ranks got all 3 rows; only rank 0's output is collected (no +100)
+    assert torch.equal(out.batch["y"].squeeze(1), torch.arange(3).float())
+    g.shutdown()
+
+
+def test_mesh_dispatch_dp2(ray_cluster):
+    g = make_group(MeshWorker, 2, 1, name="mesh_dp")
+    out = g.forward(rows(5))
+    assert out.batch["y"].squeeze(1).tolist() == [0, 1, 2, 103, 104]
+    g.shutdown()
+
+
+def test_gloo_allreduce_across_actors(ray_cluster):
+    g = make_group(EchoWorker, name="ar")
+    assert g.allreduce() == [("gloo", 3.0), ("gloo", 3.0)]
+    g.shutdown()
+
+
+def test_colocated_roles_share_one_process(ray_cluster):
+    cls = create_colocated_worker_cls({"actor": RayClassWithInitArgs(EchoWorker, 1.0),
+                                       "critic": RayClassWithInitArgs(EchoWorker, 10.0)})
+    pool = ResourcePool([2])
+    _POOLS.append(pool)
+    g = RayWorkerGroup(pool, cls, name_prefix="colo")
+    views = g.spawn(["actor", "critic"])
+    a, c = views["actor"].who("a"), views["critic"].who("c")
+    assert [x[3] for x in a] == [x[3] for x in c] == g.pids  # same processes
+    assert torch.equal(views["critic"].double(rows(4)).batch["y"], views["actor"].double(rows(4)).batch["y"] * 10)
+    g.shutdown()
+
+
+def test_non_blocking_chain_without_driver_fetch(ray_cluster):
+    g1 = make_group(EchoWorker, 2, 1.0, name="chain1")
+    g2 = make_group(MeshWorker, 2, 2, name="chain2")  # dp 1: a different split than g1
+    g3 = make_group(EchoWorker, 2, 1.0, name="chain3")  # dp 2: same split as g1
+    fut = g1.double_async(rows(5))
+    direct = g3.double_async(fut)
+    data = direct.get()
+    assert data.batch["y"].squeeze(1).tolist() == [0, 4, 8, 12, 16]
+    # re-split into another dp size: each worker fetches the parts itself
+    out = g2.forward(g1.double_async(rows(5)))
+    assert out.batch["y"].squeeze(1).tolist() == [0, 2, 4, 6, 8]
+    assert list(out.non_tensor_batch["tag"]) == [f"r{i}" for i in range(5)]
+    for g in (g1, g2, g3):
+        g.shutdown()
+
+
+def test_custom_dispatch_pair(ray_cluster):
+    g = make_group(CustomWorker, name="custom")
+    assert g.count() == 2 * 1 + 2 * 2
+    g.shutdown()
+
+
+def test_worker_raise_names_group_rank_method_and_traceback(ray_cluster):
+    g = make_group(EchoWorker, name="raiser")
+    with pytest.raises(WorkerGroupError, match=r"raiser: rank 1 raised in boom") as err:
+        g.boom()
+    # the remote traceback: the failing line of the worker's method and the exception
+    assert 'test_worker_group.py", line' in str(err.value) and "ValueError: bad sample 17" in str(err.value)
+    g.shutdown()
+
+
+def test_killed_worker_fails_fast_within_timeout(ray_cluster):
+    g = make_group(EchoWorker, name="victim", timeout_s=30)
+    fut = g.execute_all_async("sleep", 20)
+    time.sleep(1.0)
+    os.kill(g.pids[1], 9)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerGroupError, match=r"victim: rank 1 died during sleep"):
+        g._wait(fut, "sleep")
+    assert time.monotonic() - t0 < 15
+    g.shutdown()
+
+
+def test_hung_call_times_out(ray_cluster):
+    g = make_group(EchoWorker, name="slowpoke", timeout_s=2)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerGroupError, match=r"slowpoke: sleep did not finish within 2s on ranks \[0, 1\]"):
+        g.sleep(30)
+    assert time.monotonic() - t0 < 5
+    g.shutdown()
+
+
+def test_more_workers_than_resources_is_a_clear_error(ray_cluster):
+    with pytest.raises(ResourceError, match="needs 32 CPU"):
+        make_group(EchoWorker, 64, name="toobig")

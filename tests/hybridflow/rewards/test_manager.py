@@ -1,0 +1,127 @@
+import logging
+import pickle
+import textwrap
+
+import pytest
+import torch
+
+from hybridflow.rewards import RewardManager, load_reward_function, make_reward_manager
+
+
+def test_scores_land_on_last_response_token():
+    manager = RewardManager()
+    out = manager(
+        responses=["1 + 1 = 2", "2 * 3 = 5", "#### 72"],
+        response_lengths=torch.tensor([4, 2, 3]),
+        max_response_length=5,
+        data_sources=["arithmetic", "arithmetic", "openai/gsm8k"],
+        ground_truths=["2", "6", "72"],
+    )
+    expected = torch.zeros(3, 5)
+    expected[0, 3] = 1.0
+    expected[2, 2] = 1.0
+    assert torch.equal(out.token_level_scores, expected)
+    assert out.scores == [1.0, 0.0, 1.0]
+    assert out.metrics["reward/errors"] == 0.0
+    assert out.metrics["reward/score/mean"] == pytest.approx(2 / 3)
+    assert out.metrics["reward/score/arithmetic/mean"] == pytest.approx(0.5)
+    assert out.metrics["reward/score/openai/gsm8k/mean"] == pytest.approx(1.0)
+
+
+def test_raising_reward_function_is_counted_not_fatal(caplog):
+    def flaky(data_source, solution_str, ground_truth, extra_info=None):
+        if "boom" in solution_str:
+            raise RuntimeError("parser exploded")
+        return 1.0
+
+    manager = RewardManager(flaky, max_logged_errors=2)
+    responses = ["ok", "boom", "boom", "ok", "boom"]
+    with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.manager"):
+        out = manager(responses, [1] * 5, 2, ["s"] * 5, [None] * 5)
+    assert out.scores == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert out.metrics["reward/errors"] == 3.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("sample 1" in m and "parser exploded" in m for m in messages)
+    assert any("sample 2" in m for m in messages)
+    assert not any("sample 4" in m for m in messages)  # only the first two are logged
+    assert any("only counted in reward/errors" in m for m in messages)
+
+
+def test_malformed_results_are_errors_and_dict_extras_become_metrics():
+    results = iter([{"score": 1.0, "acc": True, "pred": "7"}, {"acc": 0.0}, float("nan"), "high",
+                    {"score": 0.5, "acc": False}])
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        return next(results)
+
+    out = RewardManager(scorer)(["a"] * 5, [1] * 5, 1, ["d"] * 5, [0] * 5)
+    assert out.scores == [1.0, 0.0, 0.0, 0.0, 0.5]
+    assert out.metrics["reward/errors"] == 3.0
+    assert out.extra == {"acc": [True, None, None, None, False], "pred": ["7", None, None, None, None]}
+    assert out.metrics["reward/acc/mean"] == pytest.approx(0.5)
+    assert "reward/pred/mean" not in out.metrics
+
+
+def test_extra_info_is_passed_per_sample():
+    seen = []
+
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(extra_info)
+        return 0.0
+
+    RewardManager(scorer)(["a", "b"], [1, 1], 1, ["d", "d"], [1, 2], extra_infos=[{"i": 0}, {"i": 1}])
+    assert seen == [{"i": 0}, {"i": 1}]
+
+
+def test_batch_shape_errors():
+    manager = RewardManager()
+    with pytest.raises(ValueError, match="ground_truths has 1 entries for 2 responses"):
+        manager(["a", "b"], [1, 1], 2, ["arithmetic"] * 2, ["1"])
+    with pytest.raises(ValueError, match="max_response_length=2"):
+        manager(["a"], [3], 2, ["arithmetic"], ["1"])
+
+
+def test_unknown_data_source_is_counted_as_error():
+    out = RewardManager()(["= 1"], [1], 1, ["math500"], ["1"])
+    assert out.scores == [0.0] and out.metrics["reward/errors"] == 1.0
+
+
+USER_FILE = textwrap.dedent(
+    """
+    def my_reward(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+        return {"score": float(solution_str.strip() == ground_truth) + bonus, "length": len(solution_str)}
+
+    helper_value = 3
+    """
+)
+
+
+def test_custom_reward_function_by_path(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(USER_FILE)
+    manager = make_reward_manager(str(path), "my_reward", reward_kwargs={"bonus": 0.5})
+    out = manager(["yes", "no "], [2, 3], 4, ["custom", "custom"], ["yes", "yes"])
+    assert out.scores == [1.5, 0.5]
+    assert out.extra["length"] == [3, 3]
+    assert out.token_level_scores[0, 1].item() == 1.5 and out.token_level_scores[1, 2].item() == 0.5
+    # shipped to Ray workers by value: works without the file on their import path
+    cloudpickle = pytest.importorskip("cloudpickle")
+    fn = load_reward_function(str(path), "my_reward")
+    clone = pickle.loads(cloudpickle.dumps(fn))
+    assert clone("d", "a", "a")["score"] == 1.0
+
+
+def test_custom_reward_function_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="custom_reward_function.path: no such file"):
+        load_reward_function(str(tmp_path / "missing.py"))
+    path = tmp_path / "my_reward.py"
+    path.write_text(USER_FILE)
+    with pytest.raises(AttributeError) as err:
+        load_reward_function(str(path), "compute_score")
+    assert "custom_reward_function.name" in str(err.value) and "['my_reward']" in str(err.value)
+    with pytest.raises(AttributeError, match="'helper_value' is not callable"):
+        load_reward_function(str(path), "helper_value")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import not_a_real_module_xyz\n")
+    with pytest.raises(ImportError, match="importing .*broken.py.* raised ModuleNotFoundError"):
+        load_reward_function(str(broken))
