@@ -1,0 +1,72 @@
+"""The per-micro-batch objectives the training engines minimise (actor and critic).
+
+Each builder returns a ``loss_fn(outputs, micro_batch) -> (loss, metrics)`` as the engine protocol
+expects (workers/engines/base.py). The actor objective is PPO's clipped surrogate (Schulman et al.
+2017, eq. 7) minus an entropy bonus (eq. 9's c2 term) plus, for GRPO, a KL-to-reference term in the
+loss (Shao et al. 2024, eq. 3) instead of in the reward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridflow.algorithms.kl import kl_loss
+from hybridflow.algorithms.loss_agg import agg_entropy
+from hybridflow.algorithms.policy_loss import PolicyLossConfig, ppo_clip_loss
+from hybridflow.algorithms.value_loss import clipped_value_loss
+
+
+@dataclass(frozen=True)
+class ActorObjective:
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"
+
+    @property
+    def needs_entropy(self) -> bool:
+        return True  # cheap next to the forward pass, and actor/entropy is a standard diagnostic
+
+
+def make_actor_loss_fn(obj: ActorObjective):
+    policy_cfg = PolicyLossConfig(clip_ratio=obj.clip_ratio, clip_ratio_low=obj.clip_ratio_low,
+                                  clip_ratio_high=obj.clip_ratio_high, clip_ratio_c=obj.clip_ratio_c,
+                                  loss_agg_mode=obj.loss_agg_mode)
+
+    def loss_fn(outputs: dict, micro) -> tuple[torch.Tensor, dict[str, float]]:
+        b = micro.batch
+        mask = b["response_mask"].to(outputs["log_probs"].dtype)
+        log_prob = outputs["log_probs"]
+        pg = ppo_clip_loss(b["old_log_probs"], log_prob, b["advantages"], mask, policy_cfg)
+        loss = pg.pg_loss
+        metrics = {"actor/pg_loss": float(pg.pg_loss), "actor/pg_clipfrac": float(pg.pg_clipfrac),
+                   "actor/ppo_kl": float(pg.ppo_kl), "actor/pg_clipfrac_lower": float(pg.pg_clipfrac_lower)}
+        if outputs.get("entropy") is not None:
+            entropy = agg_entropy(outputs["entropy"], mask, obj.loss_agg_mode)
+            metrics["actor/entropy"] = float(entropy)
+            if obj.entropy_coeff:
+                loss = loss - obj.entropy_coeff * entropy
+        if obj.use_kl_loss:
+            kl = kl_loss(log_prob, b["ref_log_prob"], mask, obj.kl_loss_type, obj.loss_agg_mode)
+            loss = loss + obj.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = float(kl)
+            metrics["actor/kl_coef"] = obj.kl_loss_coef
+        return loss, metrics
+
+    return loss_fn
+
+
+def make_critic_loss_fn(cliprange_value: float | None = 0.5, loss_agg_mode: str = "token-mean"):
+    def loss_fn(outputs: dict, micro) -> tuple[torch.Tensor, dict[str, float]]:
+        b = micro.batch
+        mask = b["response_mask"].to(outputs["values"].dtype)
+        out = clipped_value_loss(outputs["values"], b["values"], b["returns"], mask, cliprange_value, loss_agg_mode)
+        return out.vf_loss, {"critic/vf_loss": float(out.vf_loss), "critic/vf_clipfrac": float(out.vf_clipfrac)}
+
+    return loss_fn

@@ -1,0 +1,86 @@
+"""``actor_rollout_ref``: the hybrid worker's model, its training (actor), generation (rollout)
+and the frozen reference policy (verl's tree and key names).
+
+Batch sizes follow verl: ``actor.ppo_mini_batch_size`` counts *prompts* (the trainer multiplies
+it by ``rollout.n``); every ``*_micro_batch_size_per_gpu`` counts *sequences* per worker.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridflow.config.common import MegatronConfig, OptimConfig, path_field
+
+
+@dataclass
+class ModelConfig:
+    path: str = path_field("data/models/tiny-qwen2-sft")
+    tokenizer_path: str | None = path_field(None)  # None: the tokenizer saved with the model
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"  # fsdp | megatron
+    ppo_mini_batch_size: int = 4  # prompts per optimizer step (x rollout.n sequences)
+    ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward on one worker
+    ppo_epochs: int = 1
+    shuffle: bool = False  # reshuffle sequences between ppo_epochs
+    policy_loss: str = "ppo_clip"  # a name in hybridflow.algorithms.POLICY_LOSSES
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None  # None: clip_ratio
+    clip_ratio_high: float | None = None  # None: clip_ratio
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; must be > 1
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"
+    param_dtype: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class ValKwargsConfig:
+    """Sampling for validation; ``do_sample=False`` is greedy (then ``n`` must be 1)."""
+
+    do_sample: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+
+
+@dataclass
+class RolloutConfig:
+    """Generation settings. Not ``workers.rollout.base.RolloutConfig`` (the engine's own
+    dataclass): ``hybridflow.config.rollout_engine_kwargs`` builds that one's arguments."""
+
+    name: str = "vllm"  # vllm | hf
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    kv_cache_gib: float = 1.0  # vLLM's KV cache on CPU (VLLM_CPU_KVCACHE_SPACE)
+    max_num_seqs: int = 256
+    enforce_eager: bool = True
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    free_cache_engine: bool = True
+    log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 8
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)

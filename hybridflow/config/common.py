@@ -1,0 +1,39 @@
+"""Config nodes shared by the actor and the critic: optimizer and Megatron sizes.
+
+``path_field`` marks a string field as a filesystem path: ``load_config`` expands ``~`` and makes
+it absolute (Ray workers need not share the driver's working directory).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PATH = {"path": True}
+
+
+def path_field(default: Any = None) -> Any:
+    return field(default=default, metadata=PATH)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW + LR schedule. ``lr_warmup_steps`` < 0 means "use ``lr_warmup_steps_ratio`` of the
+    run's optimizer steps" (verl's convention); ``min_lr_ratio`` is the cosine floor."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    lr_scheduler: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+    clip_grad: float = 1.0  # max global grad L2 norm; <= 0 disables clipping
+
+
+@dataclass
+class MegatronConfig:
+    """Only read when ``strategy == "megatron"``; fsdp requires both to stay 1."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1

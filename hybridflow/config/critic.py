@@ -1,0 +1,34 @@
+"""``critic``: the value model trained for GAE (verl's key names).
+
+``critic.enable`` None means "whatever the advantage estimator needs" (only gae uses values);
+``critic.model.path`` None means "start from the actor's model" with a fresh value head.
+``critic.ppo_mini_batch_size`` None means the actor's value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridflow.config.common import MegatronConfig, OptimConfig, path_field
+
+
+@dataclass
+class CriticModelConfig:
+    path: str | None = path_field(None)
+    tokenizer_path: str | None = path_field(None)
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+
+
+@dataclass
+class CriticConfig:
+    enable: bool | None = None
+    strategy: str = "fsdp"  # fsdp | megatron
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int = 4
+    ppo_epochs: int | None = None  # None: actor.ppo_epochs
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    param_dtype: str = "fp32"
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -1,0 +1,29 @@
+"""``data``: the prompt data set and the batch shape of one RL step (verl's key names).
+
+``train_batch_size`` counts prompts; each step trains on ``train_batch_size * rollout.n``
+sequences. ``val_batch_size`` None means the whole validation set in one generation call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridflow.config.common import PATH
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=lambda: ["data/arithmetic/train.parquet"],
+                                   metadata=PATH)
+    val_files: list[str] = field(default_factory=lambda: ["data/arithmetic/val.parquet"],
+                                 metadata=PATH)
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 32
+    max_response_length: int = 16
+    train_batch_size: int = 8
+    val_batch_size: int | None = None
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"  # error | left | right (only when not filtering)
+    apply_chat_template: bool | None = None  # None: when the tokenizer has a template
+    shuffle: bool = True
+    seed: int = 0
+    return_raw_chat: bool = False

@@ -1,0 +1,172 @@
+"""Numbers the trainer derives from a config: parallel sizes, per-step batch counts, run length,
+and the keyword arguments of the engine and rollout dataclasses (which live in ``workers/``, so
+they are returned as dicts: the core never imports ``workers``).
+
+Batch arithmetic is verl's: ``ppo_mini_batch_size`` counts prompts, so one mini-batch holds
+``ppo_mini_batch_size * rollout.n`` sequences, split evenly over the data-parallel ranks, each
+rank running ``ppo_micro_batch_size_per_gpu`` sequences per forward/backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.config.root import RootConfig
+
+# Mirrors of names owned by workers/ (tests check they stay equal to the workers' tuples).
+STRATEGIES = ("fsdp", "megatron")
+PARAM_DTYPES = ("fp32", "bf16")
+LR_SCHEDULERS = ("constant", "cosine")
+ROLLOUT_NAMES = ("vllm", "hf")
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def needs_critic(cfg: RootConfig) -> bool:
+    """``critic.enable`` if set, else whether the estimator uses values (gae)."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return estimator_needs_critic(cfg.algorithm.adv_estimator)
+
+
+def estimator_needs_critic(adv_estimator: str) -> bool:
+    from hybridflow.algorithms import ADVANTAGE_ESTIMATORS  # lazy: keeps config import torch-free
+
+    est = ADVANTAGE_ESTIMATORS.get(adv_estimator)
+    return est is not None and est.needs_critic
+
+
+def needs_reference(cfg: RootConfig) -> bool:
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def model_parallel(strategy: str, megatron) -> tuple[int, int]:
+    """(tp, pp) a role trains with; fsdp shards data-parallel only."""
+    if strategy == "megatron":
+        return megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+    return 1, 1
+
+
+@dataclass(frozen=True)
+class Derived:
+    actor_world: int  # workers in the actor/rollout pool (= nnodes * n_gpus_per_node)
+    actor_tp: int
+    actor_pp: int
+    actor_dp: int  # actor_world // (tp * pp)
+    rollout_dp: int  # actor_world // rollout tp: generation engines
+    critic_world: int  # workers hosting the critic (0 without one)
+    critic_dp: int
+    aux_world: int  # workers of the separate pool (0 when colocated)
+    total_workers: int  # Ray worker processes the run starts
+    use_critic: bool
+    use_reference: bool
+    use_reward_model: bool
+    sequences_per_step: int  # train_batch_size * rollout.n
+    actor_mini_batches_per_epoch: int  # optimizer steps per ppo epoch
+    actor_micro_batches_per_mini: int  # gradient-accumulation steps per rank
+    actor_optimizer_steps_per_step: int  # ppo_epochs * mini-batches
+    critic_mini_batch_size: int  # prompts
+    critic_optimizer_steps_per_step: int
+    steps_per_epoch: int | None  # None when the data set length is unknown
+    total_training_steps: int | None
+    actor_warmup_steps: int | None
+    critic_warmup_steps: int | None
+
+
+def _total_steps(cfg: RootConfig, dataset_len: int | None) -> tuple[int | None, int | None]:
+    per_epoch = None if dataset_len is None else dataset_len // cfg.data.train_batch_size
+    if cfg.trainer.total_training_steps is not None:
+        return per_epoch, cfg.trainer.total_training_steps
+    return per_epoch, (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)
+
+
+def _warmup(optim, total_optimizer_steps: int | None) -> int | None:
+    if optim.lr_warmup_steps >= 0:
+        return optim.lr_warmup_steps
+    if total_optimizer_steps is None:
+        return None if optim.lr_warmup_steps_ratio > 0 else 0
+    return int(optim.lr_warmup_steps_ratio * total_optimizer_steps)
+
+
+def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
+    """Derived sizes; assumes ``validate(cfg)`` passed (divisions are exact there).
+
+    ``dataset_len`` is the number of training prompts after filtering; the loader drops the last
+    partial batch, so an epoch is ``dataset_len // train_batch_size`` steps.
+    """
+    arr, tr = cfg.actor_rollout_ref, cfg.trainer
+    n = arr.rollout.n
+    world = tr.nnodes * tr.n_gpus_per_node
+    tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
+    use_critic = needs_critic(cfg)
+    separate = tr.placement == "separate"
+    aux_world = tr.nnodes * tr.separate_pool_gpus_per_node if separate else 0
+    critic_world = (aux_world if separate else world) if use_critic else 0
+    ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
+    critic_dp = critic_world // (ctp * cpp) if critic_world else 0
+
+    actor_dp = world // (tp * pp)
+    mini_seqs_per_rank = arr.actor.ppo_mini_batch_size * n // actor_dp
+    actor_minis = cfg.data.train_batch_size // arr.actor.ppo_mini_batch_size
+    actor_opt_steps = arr.actor.ppo_epochs * actor_minis
+    critic_mini = cfg.critic.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size
+    critic_epochs = cfg.critic.ppo_epochs or arr.actor.ppo_epochs
+    critic_opt_steps = critic_epochs * (cfg.data.train_batch_size // critic_mini) if use_critic else 0
+
+    per_epoch, total = _total_steps(cfg, dataset_len)
+    return Derived(
+        actor_world=world, actor_tp=tp, actor_pp=pp, actor_dp=actor_dp,
+        rollout_dp=world // arr.rollout.tensor_model_parallel_size,
+        critic_world=critic_world, critic_dp=critic_dp, aux_world=aux_world,
+        total_workers=world + aux_world,
+        use_critic=use_critic, use_reference=needs_reference(cfg),
+        use_reward_model=cfg.reward_model.enable,
+        sequences_per_step=cfg.data.train_batch_size * n,
+        actor_mini_batches_per_epoch=actor_minis,
+        actor_micro_batches_per_mini=max(1, mini_seqs_per_rank // arr.actor.ppo_micro_batch_size_per_gpu),
+        actor_optimizer_steps_per_step=actor_opt_steps,
+        critic_mini_batch_size=critic_mini,
+        critic_optimizer_steps_per_step=critic_opt_steps,
+        steps_per_epoch=per_epoch, total_training_steps=total,
+        actor_warmup_steps=_warmup(arr.actor.optim, None if total is None else total * actor_opt_steps),
+        critic_warmup_steps=_warmup(cfg.critic.optim, None if total is None else total * critic_opt_steps),
+    )
+
+
+def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_opt_steps, warmup, seed):
+    tp, pp = model_parallel(strategy, megatron)
+    return dict(
+        strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
+        weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
+        warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
+        min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,
+        gradient_checkpointing=model.enable_gradient_checkpointing,
+        use_remove_padding=model.use_remove_padding, seed=seed)
+
+
+def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
+    """Arguments of ``workers.engines.config.EngineConfig`` for the actor (and, with the same
+    parallel sizes, the reference policy)."""
+    actor, d = cfg.actor_rollout_ref.actor, derived
+    total = None if d.total_training_steps is None else d.total_training_steps * d.actor_optimizer_steps_per_step
+    return _engine_kwargs(actor.strategy, actor.megatron, actor.param_dtype, actor.optim,
+                          cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
+                          d.actor_warmup_steps, cfg.trainer.seed)
+
+
+def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
+    critic, d = cfg.critic, derived
+    total = None if d.total_training_steps is None else d.total_training_steps * d.critic_optimizer_steps_per_step
+    return _engine_kwargs(critic.strategy, critic.megatron, critic.param_dtype, critic.optim,
+                          critic.model, critic.ppo_micro_batch_size_per_gpu, total,
+                          d.critic_warmup_steps, cfg.trainer.seed)
+
+
+def rollout_engine_kwargs(cfg: RootConfig) -> dict:
+    """Arguments of ``workers.rollout.base.RolloutConfig`` (prompt/response widths from data)."""
+    r = cfg.actor_rollout_ref.rollout
+    return dict(
+        name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length,
+        tensor_model_parallel_size=r.tensor_model_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
+        max_num_seqs=r.max_num_seqs, enforce_eager=r.enforce_eager, dtype=r.dtype,
+        seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)

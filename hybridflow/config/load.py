@@ -1,0 +1,250 @@
+"""Hydra/OmegaConf config -> typed dataclasses, rejecting unknown keys and wrong types.
+
+Unlike OmegaConf structured configs, an unknown key names its full dotted path and the closest
+valid key (difflib over every key of the tree, so a key put in the wrong section is found too),
+and every problem found is reported in one line instead of stopping at the first.
+Conversions are strict where a silent cast would hide a mistake: a quoted number is not an int,
+``1`` is not a bool. Lists also accept a single value (``trainer.logger=console``), as verl does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.root import RootConfig
+
+T = TypeVar("T")
+# Top-level nodes Hydra itself may leave in a composed config.
+IGNORED_TOP_LEVEL = ("hydra",)
+RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipes" / "config")
+RESUME_MODES = ("auto", "disable")
+_TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
+
+
+def dotted_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every valid dotted key of a config dataclass tree, sections included."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        sub = _dataclass_in(typing.get_type_hints(cls)[f.name])
+        if sub is not None:
+            keys.extend(dotted_keys(sub, key + "."))
+    return keys
+
+
+def unknown_key_message(key: str, valid_keys: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, valid_keys, n=1, cutoff=0.6)
+    if not close:  # e.g. a short key: compare the last part against its siblings only
+        parent, _, leaf = key.rpartition(".")
+        siblings = [k for k in valid_keys if k.rpartition(".")[0] == parent]
+        leaves = difflib.get_close_matches(leaf, [k.rpartition(".")[2] for k in siblings], n=1)
+        close = [f"{parent}.{leaves[0]}" if parent else leaves[0]] if leaves else []
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown config key '{key}'{hint}"
+
+
+def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
+    """Convert a composed Hydra config (DictConfig or plain dict) to :class:`RootConfig`.
+
+    Interpolations are resolved; path fields are made absolute against ``base_dir`` (default:
+    the current directory) so workers with another working directory find them. Raises
+    :class:`ConfigError` listing every unknown key and wrong type.
+    """
+    root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
+    mode = root.trainer.resume_mode
+    if mode not in RESUME_MODES:
+        root.trainer.resume_mode = absolute_path(mode, base_dir)
+    return root
+
+
+def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:
+    """The generic converter behind :func:`load_config` (also used for the SFT tree)."""
+    data = _plain(cfg)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"the config must be a mapping of sections, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k not in IGNORED_TOP_LEVEL}
+    builder = _Builder(dotted_keys(cls))
+    result = builder.build(cls, data, "")
+    if builder.errors:
+        raise ConfigError("; ".join(builder.errors))
+    _absolutize_paths(result, base_dir)
+    return result
+
+
+def _absolutize_paths(node: Any, base_dir: str | None) -> None:
+    """Make every ``path``-marked field absolute, defaults included (in place)."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            _absolutize_paths(value, base_dir)
+        elif f.metadata.get("path") and isinstance(value, str):
+            setattr(node, f.name, absolute_path(value, base_dir))
+        elif f.metadata.get("path") and isinstance(value, list):
+            setattr(node, f.name, [absolute_path(v, base_dir) for v in value])
+
+
+def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_dir: str | None = None,
+                   schema: type = RootConfig):
+    """Hydra's compose API with verl-style errors: an override of a key that does not exist
+    raises :class:`ConfigError` naming it and the closest valid key (Hydra's own message only
+    suggests ``+key=``). Returns the composed DictConfig; pass it to :func:`load_config`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    overrides = list(overrides)
+    try:
+        with initialize_config_dir(config_dir=config_dir or RECIPES_CONFIG_DIR, version_base=None):
+            return compose(config_name=config_name, overrides=overrides)
+    except HydraException as exc:
+        valid = dotted_keys(schema)
+        unknown = [key for key in (_override_key(o) for o in overrides)
+                   if key is not None and key not in valid]
+        if unknown:
+            raise ConfigError("; ".join(unknown_key_message(k, valid) for k in unknown)) from exc
+        raise ConfigError(str(exc).strip().replace("\n", " ")) from exc
+
+
+def split_cli_args(argv: Sequence[str], default_config_name: str) -> tuple[str, list[str]]:
+    """``['--config-name', 'grpo', 'k=v']`` -> ``('grpo', ['k=v'])`` (also ``-cn X``,
+    ``--config-name=X``), for entry points that call :func:`compose_config` themselves."""
+    name, overrides, args = default_config_name, [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("--config-name", "-cn"):
+            if not args:
+                raise ConfigError(f"{arg} needs a config name, e.g. {arg} grpo")
+            name = args.pop(0)
+        elif arg.startswith("--config-name="):
+            name = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg)
+    return name, overrides
+
+
+def _override_key(override: str) -> str | None:
+    if override.startswith("~") or "=" not in override:
+        return None  # deletions and flags are Hydra's business
+    key = override.split("=", 1)[0].lstrip("+")
+    return None if key.startswith("hydra.") or "@" in key else key
+
+
+def _plain(cfg: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra, a dependency
+        return cfg
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        try:
+            return OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException as exc:
+            first = str(exc).strip().splitlines()[0]
+            key = getattr(exc, "full_key", None)
+            raise ConfigError(f"cannot resolve config key '{key}': {first}" if key else first) from exc
+    return cfg
+
+
+def absolute_path(path: str, base_dir: str | None) -> str:
+    return os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(path)))
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _describe(tp: Any) -> str:
+    if tp in _TYPE_WORDS:
+        return _TYPE_WORDS[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _describe(a) for a in args)
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _parses_as(tp: Any, text: str) -> bool:
+    if tp is bool:
+        return text.lower() in ("true", "false")
+    try:
+        tp(text)
+        return tp in (int, float)
+    except ValueError:
+        return False
+
+
+class _Builder:
+    def __init__(self, valid_keys: list[str]):
+        self.valid_keys = valid_keys
+        self.errors: list[str] = []
+
+    def build(self, cls: type, data: Any, prefix: str) -> Any:
+        if not isinstance(data, Mapping):
+            self.errors.append(f"config key '{prefix.rstrip('.')}' must be a section (a mapping of "
+                               f"keys), got {type(data).__name__} {data!r}")
+            return cls()
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in data.items():
+            dotted = f"{prefix}{key}"
+            if key not in fields:
+                self.errors.append(unknown_key_message(dotted, self.valid_keys))
+                continue
+            kwargs[key] = self.convert(hints[key], value, dotted)
+        return cls(**kwargs)
+
+    def convert(self, tp: Any, value: Any, key: str) -> Any:
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if tp is Any:
+            return value
+        if origin in (typing.Union, types.UnionType):
+            if value is None and type(None) in args:
+                return None
+            options = [a for a in args if a is not type(None)]
+            if len(options) == 1:
+                return self.convert(options[0], value, key)
+            return self.fail(tp, value, key)
+        if dataclasses.is_dataclass(tp):
+            return self.build(tp, value, key + ".")
+        if origin is list:
+            if not isinstance(value, (list, tuple)):
+                value = [value]  # a single value where a list is expected
+            return [self.convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+        if origin is dict:
+            return dict(value) if isinstance(value, Mapping) else self.fail(tp, value, key)
+        if tp is bool:
+            return value if isinstance(value, bool) else self.fail(tp, value, key)
+        if tp is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            return value if ok else self.fail(tp, value, key)
+        if tp is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return float(value) if ok else self.fail(tp, value, key)
+        if tp is str:
+            # Hydra parses `experiment_name=123` as an int; a name may well be a number.
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            return value if isinstance(value, str) else self.fail(tp, value, key)
+        raise TypeError(f"config field '{key}' has an unsupported type {tp!r}")  # a schema bug
+
+    def fail(self, tp: Any, value: Any, key: str) -> Any:
+        hint = " (remove the quotes)" if isinstance(value, str) and _parses_as(tp, value) else ""
+        self.errors.append(f"config key '{key}' must be {_describe(tp)}, got "
+                           f"{type(value).__name__} {value!r}{hint}")
+        return value

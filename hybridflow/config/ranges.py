@@ -1,0 +1,111 @@
+"""Single-key value ranges: positive sizes, probabilities in (0, 1], coefficients >= 0.
+
+Kept apart from ``validate.py`` because it is a table, not logic: one row per key.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hybridflow.config.common import MegatronConfig, OptimConfig
+from hybridflow.config.root import RootConfig
+
+Check = tuple[str, Any, Callable[[Any], bool], str]  # key, value, ok(value), what it must be
+
+POSITIVE = (lambda v: v >= 1, "a positive integer")
+OPTIONAL_POSITIVE = (lambda v: v is None or v >= 1, "null or a positive integer")
+NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+GREATER_THAN_0 = (lambda v: v > 0, "> 0")
+OPTIONAL_GT_0 = (lambda v: v is None or v > 0, "null or > 0")
+UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+OPEN_UNIT = (lambda v: 0 < v <= 1, "in (0, 1]")
+FREQ = (lambda v: v == -1 or v >= 1, "-1 (off) or a positive number of steps")
+TOP_K = (lambda v: v == -1 or v >= 1, "-1 (off) or a positive integer")
+
+
+def _row(key: str, value: Any, rule: tuple) -> Check:
+    return key, value, rule[0], rule[1]
+
+
+def optim_rows(key: str, o: OptimConfig) -> list[Check]:
+    return [
+        _row(f"{key}.lr", o.lr, GREATER_THAN_0),
+        _row(f"{key}.weight_decay", o.weight_decay, NON_NEGATIVE),
+        (f"{key}.betas", o.betas, lambda b: len(b) == 2 and all(0 <= x < 1 for x in b),
+         "two numbers in [0, 1), e.g. [0.9, 0.999]"),
+        _row(f"{key}.eps", o.eps, GREATER_THAN_0),
+        (f"{key}.lr_warmup_steps", o.lr_warmup_steps, lambda v: v >= -1,
+         "-1 (use lr_warmup_steps_ratio) or a step count >= 0"),
+        (f"{key}.lr_warmup_steps_ratio", o.lr_warmup_steps_ratio, lambda v: 0 <= v < 1, "in [0, 1)"),
+        _row(f"{key}.min_lr_ratio", o.min_lr_ratio, UNIT),
+    ]
+
+
+def _megatron_rows(key: str, m: MegatronConfig) -> list[Check]:
+    return [_row(f"{key}.tensor_model_parallel_size", m.tensor_model_parallel_size, POSITIVE),
+            _row(f"{key}.pipeline_model_parallel_size", m.pipeline_model_parallel_size, POSITIVE)]
+
+
+def range_errors(cfg: RootConfig) -> list[str]:
+    d, arr, c, t, alg = cfg.data, cfg.actor_rollout_ref, cfg.critic, cfg.trainer, cfg.algorithm
+    a, r, v = arr.actor, arr.rollout, arr.rollout.val_kwargs
+    A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    rows: list[Check] = [
+        _row("data.max_prompt_length", d.max_prompt_length, POSITIVE),
+        _row("data.max_response_length", d.max_response_length, POSITIVE),
+        _row("data.train_batch_size", d.train_batch_size, POSITIVE),
+        _row("data.val_batch_size", d.val_batch_size, OPTIONAL_POSITIVE),
+        ("data.prompt_key", d.prompt_key, bool, "a column name"),
+        _row(f"{A}.ppo_mini_batch_size", a.ppo_mini_batch_size, POSITIVE),
+        _row(f"{A}.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu, POSITIVE),
+        _row(f"{A}.ppo_epochs", a.ppo_epochs, POSITIVE),
+        _row(f"{A}.clip_ratio", a.clip_ratio, GREATER_THAN_0),
+        _row(f"{A}.clip_ratio_low", a.clip_ratio_low, OPTIONAL_GT_0),
+        _row(f"{A}.clip_ratio_high", a.clip_ratio_high, OPTIONAL_GT_0),
+        # Dual-clip (Ye et al. 2020, eq. 5) bounds the ratio for negative advantages at c > 1.
+        (f"{A}.clip_ratio_c", a.clip_ratio_c, lambda x: x > 1, "> 1 (the dual-clip bound)"),
+        _row(f"{A}.entropy_coeff", a.entropy_coeff, NON_NEGATIVE),
+        _row(f"{A}.kl_loss_coef", a.kl_loss_coef, NON_NEGATIVE),
+        *optim_rows(f"{A}.optim", a.optim),
+        *_megatron_rows(f"{A}.megatron", a.megatron),
+        _row(f"{R}.n", r.n, POSITIVE),
+        _row(f"{R}.temperature", r.temperature, NON_NEGATIVE),
+        _row(f"{R}.top_p", r.top_p, OPEN_UNIT),
+        _row(f"{R}.top_k", r.top_k, TOP_K),
+        _row(f"{R}.tensor_model_parallel_size", r.tensor_model_parallel_size, POSITIVE),
+        _row(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, OPEN_UNIT),
+        _row(f"{R}.kv_cache_gib", r.kv_cache_gib, GREATER_THAN_0),
+        _row(f"{R}.max_num_seqs", r.max_num_seqs, POSITIVE),
+        _row(f"{R}.log_prob_micro_batch_size_per_gpu", r.log_prob_micro_batch_size_per_gpu, POSITIVE),
+        _row(f"{R}.val_kwargs.n", v.n, POSITIVE),
+        _row(f"{R}.val_kwargs.temperature", v.temperature, NON_NEGATIVE),
+        _row(f"{R}.val_kwargs.top_p", v.top_p, OPEN_UNIT),
+        _row(f"{R}.val_kwargs.top_k", v.top_k, TOP_K),
+        _row("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+             arr.ref.log_prob_micro_batch_size_per_gpu, POSITIVE),
+        _row("critic.ppo_mini_batch_size", c.ppo_mini_batch_size, OPTIONAL_POSITIVE),
+        _row("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu, POSITIVE),
+        _row("critic.ppo_epochs", c.ppo_epochs, OPTIONAL_POSITIVE),
+        _row("critic.cliprange_value", c.cliprange_value, GREATER_THAN_0),
+        *optim_rows("critic.optim", c.optim),
+        *_megatron_rows("critic.megatron", c.megatron),
+        _row("reward_model.micro_batch_size_per_gpu", cfg.reward_model.micro_batch_size_per_gpu, POSITIVE),
+        ("custom_reward_function.name", cfg.custom_reward_function.name, bool, "a function name"),
+        _row("algorithm.gamma", alg.gamma, UNIT),
+        _row("algorithm.lam", alg.lam, UNIT),
+        _row("algorithm.kl_ctrl.kl_coef", alg.kl_ctrl.kl_coef, NON_NEGATIVE),
+        _row("trainer.nnodes", t.nnodes, POSITIVE),
+        _row("trainer.n_gpus_per_node", t.n_gpus_per_node, POSITIVE),
+        _row("trainer.total_epochs", t.total_epochs, POSITIVE),
+        _row("trainer.total_training_steps", t.total_training_steps, OPTIONAL_POSITIVE),
+        _row("trainer.save_freq", t.save_freq, FREQ),
+        _row("trainer.test_freq", t.test_freq, FREQ),
+        _row("trainer.max_actor_ckpt_to_keep", t.max_actor_ckpt_to_keep, OPTIONAL_POSITIVE),
+        _row("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
+        _row("trainer.separate_pool_gpus_per_node", t.separate_pool_gpus_per_node, POSITIVE),
+        _row("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0),
+        _row("ray_init.num_cpus", cfg.ray_init.num_cpus, OPTIONAL_POSITIVE),
+    ]
+    if alg.kl_ctrl.type == "adaptive":  # Ziegler et al. (2019) eq. 2 divides by both
+        rows += [_row("algorithm.kl_ctrl.target_kl", alg.kl_ctrl.target_kl, GREATER_THAN_0),
+                 _row("algorithm.kl_ctrl.horizon", alg.kl_ctrl.horizon, POSITIVE)]
+    return [f"{key}={value!r} must be {what}" for key, value, ok, what in rows if not ok(value)]

@@ -1,0 +1,166 @@
+"""The SFT recipe's config (``recipes/config/sft.yaml``, ``python -m recipes.main_sft``).
+
+Supervised fine-tuning on prompt/response pairs, used to warm-start a policy before RL. The
+loss covers response tokens only; ``data.train_batch_size`` counts sequences (there is no
+``rollout.n`` here), split over the data-parallel workers and then into micro-batches.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.config.common import PATH, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, model_parallel
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.load import to_dataclass
+from hybridflow.config.ranges import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, optim_rows
+from hybridflow.config.trainer import RayInitConfig
+from hybridflow.config.validate import (
+    DEVICES, TRUNCATION_MODES, check_divides, read_model_config, unknown_name,
+)
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list[str] = field(default_factory=lambda: ["data/arithmetic/sft_train.parquet"],
+                                   metadata=PATH)
+    val_files: list[str] = field(default_factory=lambda: ["data/arithmetic/sft_val.parquet"],
+                                 metadata=PATH)
+    prompt_key: str = "prompt"  # a string or a list of chat messages
+    response_key: str = "response"  # a string
+    max_length: int = 64  # prompt + response tokens
+    truncation: str = "error"  # error | left | right
+    apply_chat_template: bool | None = None
+    train_batch_size: int = 32  # sequences per optimizer step
+    micro_batch_size_per_gpu: int = 8
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass
+class SFTModelConfig:
+    path: str = path_field("data/models/tiny-qwen2-init")
+    tokenizer_path: str | None = path_field(None)
+    enable_gradient_checkpointing: bool = False
+    strategy: str = "fsdp"
+    param_dtype: str = "fp32"
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class SFTTrainerConfig:
+    device: str = "auto"
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    total_epochs: int = 3
+    total_training_steps: int | None = None
+    save_freq: int = -1
+    test_freq: int = -1
+    default_local_dir: str = path_field("checkpoints/hybridflow-sft/sft")
+    hf_output_dir: str = path_field("data/models/tiny-qwen2-sft")  # the final HF checkpoint
+    resume_mode: str = "disable"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    project_name: str = "hybridflow-sft"
+    experiment_name: str = "sft"
+    call_timeout_s: float = 600.0
+    cpus_per_worker: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class SFTConfig:
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+
+
+def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
+    """Like ``load_config`` for the SFT tree: unknown keys and wrong types raise ConfigError."""
+    from hybridflow.config.load import RESUME_MODES, absolute_path
+
+    sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
+    if sft.trainer.resume_mode not in RESUME_MODES:
+        sft.trainer.resume_mode = absolute_path(sft.trainer.resume_mode, base_dir)
+    return sft
+
+
+def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
+                 model_config: dict | None = None, check_paths: bool = True) -> None:
+    """Raise ConfigError (one line, every problem) if the SFT run cannot start."""
+    from hybridflow.tracking.tracker import BACKENDS
+
+    d, m, t = cfg.data, cfg.model, cfg.trainer
+    rows = [("data.max_length", d.max_length, POSITIVE), ("data.train_batch_size", d.train_batch_size, POSITIVE),
+            ("data.micro_batch_size_per_gpu", d.micro_batch_size_per_gpu, POSITIVE),
+            ("model.megatron.tensor_model_parallel_size", m.megatron.tensor_model_parallel_size, POSITIVE),
+            ("model.megatron.pipeline_model_parallel_size", m.megatron.pipeline_model_parallel_size, POSITIVE),
+            ("trainer.nnodes", t.nnodes, POSITIVE), ("trainer.n_gpus_per_node", t.n_gpus_per_node, POSITIVE),
+            ("trainer.total_epochs", t.total_epochs, POSITIVE),
+            ("trainer.total_training_steps", t.total_training_steps, OPTIONAL_POSITIVE),
+            ("trainer.save_freq", t.save_freq, FREQ), ("trainer.test_freq", t.test_freq, FREQ),
+            ("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
+            ("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0)]
+    errors = [f"{k}={val!r} must be {rule[1]}" for k, val, rule in rows if not rule[0](val)]
+    errors += [f"{k}={val!r} must be {what}" for k, val, ok, what in optim_rows("optim", cfg.optim)
+               if not ok(val)]
+    names = [("model.strategy", m.strategy, STRATEGIES), ("model.param_dtype", m.param_dtype, PARAM_DTYPES),
+             ("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULERS),
+             ("data.truncation", d.truncation, TRUNCATION_MODES), ("trainer.device", t.device, DEVICES)]
+    errors += [unknown_name(k, val, allowed) for k, val, allowed in names if val not in allowed]
+    errors += [unknown_name("trainer.logger", n, BACKENDS) for n in t.logger if n not in BACKENDS]
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+    world = t.nnodes * t.n_gpus_per_node
+    tp, pp = model_parallel(m.strategy, m.megatron)
+    if m.strategy != "megatron" and (m.megatron.tensor_model_parallel_size, m.megatron.pipeline_model_parallel_size) != (1, 1):
+        errors.append("model.megatron.* sizes only apply to model.strategy=megatron: set "
+                      "model.strategy=megatron or both sizes to 1")
+    elif world % (tp * pp):
+        errors.append(f"model.megatron: {world} workers cannot be split into tp*pp={tp * pp} groups "
+                      "evenly: change the sizes or trainer.n_gpus_per_node")
+    else:
+        dp = world // (tp * pp)
+        if d.train_batch_size % (d.micro_batch_size_per_gpu * dp):
+            errors.append(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
+                          f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} x {dp} "
+                          "data-parallel workers")
+    if check_paths:
+        errors += _sft_path_errors(cfg)
+        if model_config is None:
+            model_config = read_model_config(m.path)
+    if model_config is not None:
+        for name in ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size"):
+            check_divides(errors, "model.megatron.tensor_model_parallel_size", tp, name, model_config.get(name))
+        check_divides(errors, "model.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers",
+                   model_config.get("num_hidden_layers"))
+        max_pos = model_config.get("max_position_embeddings")
+        if max_pos is not None and d.max_length > max_pos:
+            errors.append(f"data.max_length={d.max_length} exceeds the model's "
+                          f"max_position_embeddings={max_pos}: lower it")
+    if available_slots is not None and world > available_slots:
+        errors.append(f"the run needs {world} workers (trainer.nnodes*trainer.n_gpus_per_node) but "
+                      f"only {available_slots} slots are available: lower trainer.n_gpus_per_node")
+    if t.device == "cuda":
+        from hybridflow.device import device_count
+
+        if device_count() == 0:
+            errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+
+def _sft_path_errors(cfg: SFTConfig) -> list[str]:
+    errors = []
+    if not cfg.data.train_files:
+        errors.append("data.train_files is empty: give at least one parquet/jsonl file")
+    for key, paths in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        errors += [f"{key}[{i}]: {p} is not an existing file: fix the path"
+                   for i, p in enumerate(paths) if not os.path.isfile(p)]
+    if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        errors.append(f"model.path: {cfg.model.path} is not an HF checkpoint directory (no "
+                      "config.json): fix the path")
+    return errors

@@ -1,0 +1,40 @@
+"""``trainer`` (the loop, outputs, resources) and ``ray_init``.
+
+On CPU ``n_gpus_per_node`` counts worker slots (one process each). With ``placement=separate``
+the actor+rollout pool keeps ``nnodes * n_gpus_per_node`` slots and the critic, reference and
+reward model share a second pool of ``nnodes * separate_pool_gpus_per_node`` slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridflow.config.common import PATH
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"  # auto | cpu | cuda
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    total_epochs: int = 1
+    total_training_steps: int | None = None  # None: epochs x batches per epoch
+    save_freq: int = -1  # -1: no checkpoints during training
+    test_freq: int = -1  # -1: no validation during training
+    val_before_train: bool = True
+    default_local_dir: str = field(default="checkpoints/hybridflow/demo", metadata=PATH)
+    resume_mode: str = "auto"  # auto | disable | a checkpoint directory path
+    max_actor_ckpt_to_keep: int | None = None  # None: keep all
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    project_name: str = "hybridflow"
+    experiment_name: str = "demo"
+    call_timeout_s: float = 600.0  # every remote call and collective
+    placement: str = "colocate"  # colocate | separate
+    separate_pool_gpus_per_node: int = 1
+    cpus_per_worker: float = 1.0  # Ray CPU resources per worker process
+    seed: int = 0
+
+
+@dataclass
+class RayInitConfig:
+    address: str | None = None  # None: start a local Ray; "auto": join a running cluster
+    num_cpus: int | None = None  # local Ray only; None: Ray's default (the machine's cores)

@@ -1,0 +1,325 @@
+"""Every check a run needs before any worker (or Ray) starts; one line per problem, all at once.
+
+Order matters: value ranges and names first (the arithmetic below divides by them), then
+parallel sizes and batch divisibility (verl's rules), then the model's shapes, files on disk and
+the devices at hand. Each message names the key(s) and says how to fix them.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+from typing import Any
+
+from hybridflow.config.derived import (
+    LR_SCHEDULERS, PARAM_DTYPES, ROLLOUT_DTYPES, ROLLOUT_NAMES, STRATEGIES, derive,
+    estimator_needs_critic, model_parallel, needs_critic, needs_reference,
+)
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.load import RESUME_MODES
+from hybridflow.config.ranges import range_errors
+from hybridflow.config.root import RootConfig
+
+logger = logging.getLogger(__name__)
+
+DEVICES = ("auto", "cpu", "cuda")
+PLACEMENTS = ("colocate", "separate")
+TRUNCATION_MODES = ("error", "left", "right")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+ARR = "actor_rollout_ref"
+
+
+def validate(cfg: RootConfig, *, available_slots: int | None = None,
+             model_config: dict | None = None, check_paths: bool = True) -> None:
+    """Raise :class:`ConfigError` (one line, every problem found) if ``cfg`` cannot run.
+
+    ``available_slots``: worker slots the cluster offers (GPUs, or CPU slots); None skips that
+    check. ``model_config``: the actor model's HF ``config.json`` as a dict; None reads it from
+    ``actor_rollout_ref.model.path`` when that exists. ``check_paths=False`` skips the file
+    checks (a dry run before the demo data is built). Logs warnings for legal but odd settings.
+    """
+    errors = range_errors(cfg) + name_errors(cfg)
+    if errors:  # the checks below divide by these values
+        raise ConfigError("; ".join(errors))
+    parallel = parallel_errors(cfg)
+    errors = algorithm_errors(cfg) + parallel
+    if not parallel:  # the batch rules divide by the data-parallel sizes
+        errors += batch_errors(cfg)
+    if check_paths:
+        errors += path_errors(cfg)
+        if model_config is None:
+            model_config = read_model_config(cfg.actor_rollout_ref.model.path)
+    if model_config is not None:
+        errors += model_shape_errors(cfg, model_config)
+    errors += device_errors(cfg, available_slots)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    _warn_odd_settings(cfg)
+
+
+def read_model_config(model_path: str) -> dict | None:
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def unknown_name(key: str, value: Any, allowed) -> str:
+    allowed = list(allowed)
+    close = difflib.get_close_matches(str(value), allowed, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{key}={value!r} is unknown{hint}: use one of {', '.join(allowed)}"
+
+
+def name_errors(cfg: RootConfig) -> list[str]:
+    """Names checked against the registries that implement them."""
+    from hybridflow.algorithms import (
+        ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
+    )
+    from hybridflow.tracking.tracker import BACKENDS
+
+    a, r, c, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic, cfg.trainer
+    checks = [
+        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS),
+        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_ESTIMATORS),
+        ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, KL_CONTROLLERS),
+        (f"{ARR}.actor.kl_loss_type", a.kl_loss_type, KL_ESTIMATORS),
+        (f"{ARR}.actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES),
+        (f"{ARR}.actor.policy_loss", a.policy_loss, POLICY_LOSSES),
+        (f"{ARR}.actor.strategy", a.strategy, STRATEGIES),
+        (f"{ARR}.actor.param_dtype", a.param_dtype, PARAM_DTYPES),
+        (f"{ARR}.actor.optim.lr_scheduler", a.optim.lr_scheduler, LR_SCHEDULERS),
+        (f"{ARR}.rollout.name", r.name, ROLLOUT_NAMES),
+        (f"{ARR}.rollout.dtype", r.dtype, ROLLOUT_DTYPES),
+        ("critic.strategy", c.strategy, STRATEGIES),
+        ("critic.param_dtype", c.param_dtype, PARAM_DTYPES),
+        ("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES),
+        ("critic.optim.lr_scheduler", c.optim.lr_scheduler, LR_SCHEDULERS),
+        ("data.truncation", cfg.data.truncation, TRUNCATION_MODES),
+        ("trainer.device", t.device, DEVICES),
+        ("trainer.placement", t.placement, PLACEMENTS),
+    ]
+    errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
+    errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
+    if len(set(t.logger)) != len(t.logger):
+        errors.append(f"trainer.logger={t.logger} lists a logger twice: list each once")
+    return errors
+
+
+def algorithm_errors(cfg: RootConfig) -> list[str]:
+    from hybridflow.algorithms import get_advantage_estimator
+
+    alg, r = cfg.algorithm, cfg.actor_rollout_ref.rollout
+    est = get_advantage_estimator(alg.adv_estimator)
+    errors = []
+    if est.needs_critic and cfg.critic.enable is False:
+        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} needs a critic's values: set "
+                      "critic.enable=true (or null: on when the estimator needs it)")
+    if est.needs_groups and r.n < 2:
+        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per "
+                      f"prompt: set {ARR}.rollout.n>=2 (it is {r.n})")
+    if est.needs_groups and r.temperature == 0:
+        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} with {ARR}.rollout.temperature=0 "
+                      "samples identical responses (all advantages 0): use a temperature > 0")
+    if cfg.reward_model.enable and not cfg.reward_model.model.path:
+        errors.append("reward_model.enable=true needs reward_model.model.path (an HF "
+                      "sequence-classification checkpoint)")
+    val = r.val_kwargs
+    if not val.do_sample and val.n > 1:
+        errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
+                      "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
+    if cfg.trainer.placement == "separate" and not (
+            needs_critic(cfg) or needs_reference(cfg) or cfg.reward_model.enable):
+        errors.append("trainer.placement=separate but no critic, reference or reward model runs on "
+                      "the second pool: use trainer.placement=colocate")
+    return errors
+
+
+def _sizes_error(key: str, world: int, what: str, size: int) -> str | None:
+    if world % size:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        return (f"{key}: {world} workers cannot be split into {what}={size} groups evenly: "
+                f"use a {what} in {divisors} or change trainer.nnodes/trainer.n_gpus_per_node")
+    return None
+
+
+def parallel_errors(cfg: RootConfig) -> list[str]:
+    """world = tp * pp * dp for every role; rollout tp divides world (and actor tp for Megatron:
+    the 3D-HybridEngine regroups each training TP group into micro-DP generation groups)."""
+    arr, t = cfg.actor_rollout_ref, cfg.trainer
+    world = t.nnodes * t.n_gpus_per_node
+    errors = []
+    for role, key in ((arr.actor, f"{ARR}.actor"), (cfg.critic, "critic")):
+        if role.strategy != "megatron" and (role.megatron.tensor_model_parallel_size != 1
+                                            or role.megatron.pipeline_model_parallel_size != 1):
+            errors.append(f"{key}.megatron.* sizes only apply to {key}.strategy=megatron (it is "
+                          f"{role.strategy}, data-parallel only): set {key}.strategy=megatron or "
+                          "both sizes to 1")
+    if errors:
+        return errors
+    tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
+    errors.append(_sizes_error(f"{ARR}.actor.megatron (tensor x pipeline parallel)", world,
+                               "tp*pp", tp * pp))
+    rtp = arr.rollout.tensor_model_parallel_size
+    errors.append(_sizes_error(f"{ARR}.rollout.tensor_model_parallel_size", world, "tp", rtp))
+    if arr.actor.strategy == "megatron" and tp % rtp:
+        errors.append(f"{ARR}.rollout.tensor_model_parallel_size={rtp} must divide "
+                      f"{ARR}.actor.megatron.tensor_model_parallel_size={tp} (the hybrid engine "
+                      f"reshards each training TP group): use one of "
+                      f"{[d for d in range(1, tp + 1) if tp % d == 0]}")
+    if arr.rollout.name == "hf" and rtp != 1:
+        errors.append(f"{ARR}.rollout.name=hf runs one full model per worker: set "
+                      f"{ARR}.rollout.tensor_model_parallel_size=1 or use name=vllm")
+    if needs_critic(cfg):
+        critic_world = (t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate"
+                        else world)
+        ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
+        errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", critic_world,
+                                   "tp*pp", ctp * cpp))
+    return [e for e in errors if e]
+
+
+def _minibatch_errors(prefix: str, mini: int, mini_key: str, micro: int, micro_key: str,
+                      train: int, n: int, dp: int) -> list[str]:
+    if train % mini:
+        return [f"data.train_batch_size={train} must be a multiple of {mini_key}={mini} (both count "
+                f"prompts): use a mini-batch size in "
+                f"{[d for d in range(1, train + 1) if train % d == 0]}"]
+    seqs = mini * n
+    if seqs % dp:
+        return [f"{mini_key}={mini} x {ARR}.rollout.n={n} = {seqs} sequences per mini-batch must "
+                f"split evenly over the {dp} {prefix} data-parallel ranks: make {mini_key}*n a "
+                f"multiple of {dp}"]
+    per_rank = seqs // dp
+    if per_rank % micro:
+        return [f"{micro_key}={micro} must divide the {per_rank} sequences each {prefix} rank gets "
+                f"per mini-batch ({mini_key}={mini} x n={n} / dp={dp}): use one of "
+                f"{[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"]
+    return []
+
+
+def batch_errors(cfg: RootConfig) -> list[str]:
+    """verl's rules: mini-batches tile the step's prompts, each mini-batch's sequences tile the
+    data-parallel ranks, micro-batches tile each rank's share (so train_batch_size * n is also
+    divisible by dp)."""
+    d = derive(cfg)
+    arr, train, n = cfg.actor_rollout_ref, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    errors = _minibatch_errors("actor", arr.actor.ppo_mini_batch_size,
+                               f"{ARR}.actor.ppo_mini_batch_size",
+                               arr.actor.ppo_micro_batch_size_per_gpu,
+                               f"{ARR}.actor.ppo_micro_batch_size_per_gpu", train, n, d.actor_dp)
+    if d.use_critic:
+        mini_key = ("critic.ppo_mini_batch_size" if cfg.critic.ppo_mini_batch_size
+                    else f"critic.ppo_mini_batch_size (= {ARR}.actor.ppo_mini_batch_size)")
+        errors += _minibatch_errors("critic", d.critic_mini_batch_size, mini_key,
+                                    cfg.critic.ppo_micro_batch_size_per_gpu,
+                                    "critic.ppo_micro_batch_size_per_gpu", train, n, d.critic_dp)
+    return errors
+
+
+def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: int | None) -> None:
+    if size > 1 and value is not None and value % size:
+        errors.append(f"{size_key}={size} must divide the model's {cfg_key}={value}: use one of "
+                      f"{[k for k in range(1, value + 1) if value % k == 0 and k <= 8]}")
+
+
+def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
+    """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
+    heads and the MLP, and needs kv heads and its TP to divide one another."""
+    arr, errors = cfg.actor_rollout_ref, []
+    heads, layers = hf.get("num_attention_heads"), hf.get("num_hidden_layers")
+    shapes = {"num_attention_heads": heads,
+              "num_key_value_heads": hf.get("num_key_value_heads", heads),
+              "vocab_size": hf.get("vocab_size"), "intermediate_size": hf.get("intermediate_size")}
+    roles = [(arr.actor, f"{ARR}.actor")]
+    if needs_critic(cfg) and cfg.critic.model.path in (None, arr.model.path):
+        roles.append((cfg.critic, "critic"))  # same architecture as the actor
+    for role, key in roles:
+        tp, pp = model_parallel(role.strategy, role.megatron)
+        for name, value in shapes.items():
+            check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)
+        check_divides(errors, f"{key}.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers", layers)
+    rtp, rkey = arr.rollout.tensor_model_parallel_size, f"{ARR}.rollout.tensor_model_parallel_size"
+    check_divides(errors, rkey, rtp, "num_attention_heads", heads)
+    check_divides(errors, rkey, rtp, "intermediate_size", shapes["intermediate_size"])
+    kv = shapes["num_key_value_heads"]
+    if kv and kv % rtp and rtp % kv:
+        errors.append(f"{rkey}={rtp} and the model's num_key_value_heads={kv} must divide one "
+                      "another (vLLM replicates or splits kv heads): change the rollout tp")
+    max_pos = hf.get("max_position_embeddings")
+    total = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if max_pos is not None and total > max_pos:
+        errors.append(f"data.max_prompt_length + data.max_response_length = {total} exceeds the "
+                      f"model's max_position_embeddings={max_pos}: shorten them")
+    return errors
+
+
+def path_errors(cfg: RootConfig) -> list[str]:
+    arr, errors = cfg.actor_rollout_ref, []
+
+    def need(key: str, path: str | None, kind: str) -> None:
+        if path is None:
+            return
+        ok = os.path.isdir(path) if kind == "dir" else os.path.isfile(path)
+        if not ok:
+            errors.append(f"{key}: {path} is not an existing {'directory' if kind == 'dir' else 'file'}"
+                          f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}")
+
+    if not cfg.data.train_files:
+        errors.append("data.train_files is empty: give at least one parquet/jsonl file")
+    for i, path in enumerate(cfg.data.train_files):
+        need(f"data.train_files[{i}]", path, "file")
+    for i, path in enumerate(cfg.data.val_files):
+        need(f"data.val_files[{i}]", path, "file")
+    if not cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
+        errors.append("data.val_files is empty but validation is on: give val files or set "
+                      "trainer.test_freq=-1 and trainer.val_before_train=false")
+    need(f"{ARR}.model.path", arr.model.path, "dir")
+    if os.path.isdir(arr.model.path) and not os.path.isfile(os.path.join(arr.model.path, "config.json")):
+        errors.append(f"{ARR}.model.path: {arr.model.path} has no config.json: point it at an HF "
+                      "checkpoint directory")
+    need(f"{ARR}.model.tokenizer_path", arr.model.tokenizer_path, "dir")
+    if needs_critic(cfg):
+        need("critic.model.path", cfg.critic.model.path, "dir")
+        need("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path, "dir")
+    if cfg.reward_model.enable:
+        need("reward_model.model.path", cfg.reward_model.model.path, "dir")
+    need("custom_reward_function.path", cfg.custom_reward_function.path, "file")
+    if cfg.trainer.resume_mode not in RESUME_MODES:
+        need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
+    return errors
+
+
+def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
+    t, errors = cfg.trainer, []
+    d_world = t.nnodes * t.n_gpus_per_node
+    aux = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
+    if available_slots is not None and d_world + aux > available_slots:
+        parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
+        if aux:
+            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={aux}"
+        errors.append(f"the run needs {d_world + aux} workers ({parts}) but only {available_slots} "
+                      "slots are available: lower trainer.n_gpus_per_node or add devices")
+    if t.device == "cuda":
+        from hybridflow.device import device_count
+
+        gpus = device_count()
+        if gpus == 0:
+            errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
+        elif t.nnodes == 1 and cfg.ray_init.address is None and d_world + aux > gpus:
+            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} (+ separate pool {aux}) "
+                          f"exceeds the {gpus} GPUs visible on this node: lower it")
+    return errors
+
+
+def _warn_odd_settings(cfg: RootConfig) -> None:
+    a = cfg.actor_rollout_ref.actor
+    if a.use_kl_loss and cfg.algorithm.use_kl_in_reward:
+        logger.warning("both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are "
+                       "on: the KL to the reference is penalised twice (in the loss and the reward)")
+    if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
+        logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
+                       "its values are not used", cfg.algorithm.adv_estimator)
+

@@ -1,0 +1,230 @@
+"""The PPO-family dataflow on the single controller. Read ``step`` top to bottom:
+
+    generate -> reward -> old log-prob -> ref log-prob -> values -> advantages -> critic update
+    -> actor update -> (the next generate syncs weights) -> validate / checkpoint / log
+
+GRPO, ReMax, RLOO and REINFORCE++ are settings of this loop (``algorithm.adv_estimator``), not
+copies of it. Each heavy node is one call on a worker group; the controller only moves DataProto
+batches and computes advantages (cheap, on CPU).
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from hybridflow.algorithms import apply_kl_penalty, compute_advantage, get_advantage_estimator, make_kl_controller
+from hybridflow.protocol import DataProto
+from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
+
+
+@contextmanager
+def timer(name: str, metrics: dict):
+    t0 = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = time.perf_counter() - t0
+
+
+class PPOTrainer:
+    """``groups``: role -> WorkerGroup (``actor_rollout_ref``; optional ``critic``, ``ref``,
+    ``reward_model``), already created by the recipe. ``reward_manager`` scores decoded responses."""
+
+    def __init__(self, cfg, groups: dict, tokenizer, train_loader, val_loader, reward_manager, tracker,
+                 progress: bool = True):
+        self.cfg, self.groups, self.tokenizer = cfg, groups, tokenizer
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.reward_manager, self.tracker, self.progress = reward_manager, tracker, progress
+        algo = cfg.algorithm
+        self.estimator = get_advantage_estimator(algo.adv_estimator)
+        self.actor = groups["actor_rollout_ref"]
+        self.ref = groups.get("ref", self.actor)  # colocated: the actor worker hosts the ref engine
+        self.critic = groups.get("critic")
+        self.rm = groups.get("reward_model")
+        self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
+        self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
+                                          algo.kl_ctrl.horizon)
+        self.global_step = 0
+        self.total_steps = self._total_steps()
+
+    def _total_steps(self) -> int:
+        t = self.cfg.trainer
+        per_epoch = len(self.train_loader) * t.total_epochs
+        return min(t.total_training_steps, per_epoch) if t.total_training_steps else per_epoch
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> list[dict]:
+        t = self.cfg.trainer
+        self._maybe_resume()
+        history = []
+        if self.val_loader is not None and t.val_before_train and self.global_step == 0:
+            val = self.validate()
+            self.tracker.log(val, step=0)
+            history.append({"step": 0, **val})
+        bar = _progress(self.total_steps, self.global_step, self.progress)
+        while self.global_step < self.total_steps:
+            batch = DataProto.from_single_dict(self.train_loader.next_batch())
+            self.global_step += 1
+            metrics = self.step(batch)
+            last = self.global_step == self.total_steps
+            if self.val_loader is not None and t.test_freq > 0 and (self.global_step % t.test_freq == 0 or last):
+                with timer("testing", metrics):
+                    metrics.update(self.validate())
+            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
+                with timer("save_checkpoint", metrics):
+                    self.save_checkpoint()
+            metrics["training/global_step"] = self.global_step
+            metrics["training/epoch"] = self.train_loader.epoch
+            self.tracker.log(metrics, step=self.global_step)
+            history.append({"step": self.global_step, **metrics})
+            bar.update(1)
+            bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+        bar.close()
+        return history
+
+    def step(self, batch: DataProto) -> dict:
+        cfg, metrics = self.cfg, {}
+        n = cfg.actor_rollout_ref.rollout.n
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        with timer("step", metrics):
+            gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
+            gen_in.meta_info.update(n=n)
+            with timer("gen", metrics):
+                gen_out = self.actor.generate_sequences(gen_in)
+            metrics.update(gen_out.meta_info.pop("metrics", {}))
+            baselines = None
+            if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
+                with timer("gen_max", metrics):
+                    greedy_in = gen_in.select()
+                    greedy_in.meta_info.update(n=1, do_sample=False)
+                    greedy = self.actor.generate_sequences(greedy_in)
+                    greedy.meta_info.pop("metrics", None)
+                    greedy.non_tensor_batch.update(batch.non_tensor_batch)
+                    baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
+            batch = batch.repeat(n, interleave=True)
+            batch.pop(["input_ids", "attention_mask", "position_ids"])
+            batch.union(gen_out)
+
+            with timer("reward", metrics):
+                token_scores, _, reward_metrics = self.score(batch)
+                batch.batch["token_level_scores"] = token_scores
+                metrics.update(reward_metrics)
+            with timer("old_log_prob", metrics):
+                batch.union(self.actor.compute_log_prob(batch))
+            if "rollout_log_probs" in batch.keys():
+                metrics.update(rollout_probs_diff(batch))
+            if self.use_ref:
+                with timer("ref", metrics):
+                    batch.union(self.ref.compute_ref_log_prob(batch))
+            if self.critic is not None:
+                with timer("values", metrics):
+                    batch.union(self.critic.compute_values(batch))
+
+            with timer("adv", metrics):
+                self.compute_advantages(batch, baselines, metrics)
+            if self.critic is not None:
+                with timer("update_critic", metrics):
+                    metrics.update(_mean_dicts(self.critic.update_critic(batch)))
+            with timer("update_actor", metrics):
+                metrics.update(_mean_dicts(self.actor.update_actor(batch)))
+        metrics.update(data_metrics(batch, use_critic=self.critic is not None))
+        metrics.update(throughput_metrics(batch, metrics, self.actor.world_size))
+        return metrics
+
+    # ------------------------------------------------------------------ pieces
+    def score(self, batch: DataProto):
+        """(token_level_scores [B,R], per-sample scores, metrics) from the RM or the reward function."""
+        if self.rm is not None:
+            rm = self.rm.compute_rm_score(batch).batch["rm_scores"]
+            scores = rm.sum(-1).tolist()
+            return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}
+        responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+        lengths = mask.sum(-1).tolist()
+        texts = [self.tokenizer.decode(r[:l].tolist(), skip_special_tokens=True) for r, l in zip(responses, lengths)]
+        nt = batch.non_tensor_batch
+        result = self.reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]),
+                                     list(nt["ground_truth"]), list(nt.get("extra_info", [None] * len(texts))))
+        return result.token_level_scores, result.scores, result.metrics
+
+    def compute_advantages(self, batch: DataProto, baselines, metrics: dict) -> None:
+        algo, b = self.cfg.algorithm, batch.batch
+        if algo.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(b["token_level_scores"], b["old_log_probs"], b["ref_log_prob"],
+                                                   b["response_mask"], self.kl_ctrl, algo.kl_penalty)
+            b["token_level_rewards"] = rewards
+            metrics.update(kl_metrics)
+        else:
+            b["token_level_rewards"] = b["token_level_scores"]
+        adv, ret = compute_advantage(
+            algo.adv_estimator, b["token_level_rewards"], b["response_mask"],
+            index=batch.non_tensor_batch["uid"], values=b["values"] if "values" in b.keys() else None,
+            reward_baselines=baselines, gamma=algo.gamma, lam=algo.lam,
+            norm_adv_by_std=algo.norm_adv_by_std_in_grpo)
+        b["advantages"], b["returns"] = adv, ret
+
+    def validate(self) -> dict:
+        """Greedy (by default) generation on the whole validation set; val/score/mean."""
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        scores, sources = [], []
+        for batch_dict in self.val_loader:
+            batch = DataProto.from_single_dict(batch_dict)
+            gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
+            gen_in.meta_info.update(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
+                                    top_p=vk.top_p, top_k=vk.top_k)
+            out = self.actor.generate_sequences(gen_in)
+            out.meta_info.pop("metrics", None)
+            rep = batch.repeat(vk.n, interleave=True)
+            out.non_tensor_batch.update(rep.non_tensor_batch)
+            scores += self.score(out)[1]
+            sources += list(rep.non_tensor_batch["data_source"])
+        result = {"val/score/mean": float(np.mean(scores))}
+        for src in sorted(set(sources)):
+            result[f"val/score/{src}/mean"] = float(np.mean([s for s, d in zip(scores, sources) if d == src]))
+        return result
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> str:
+        t = self.cfg.trainer
+        path = ckpt.step_dir(t.default_local_dir, self.global_step)
+        os.makedirs(path, exist_ok=True)
+        self.actor.save_checkpoint(os.path.join(path, "actor"))
+        if self.critic is not None:
+            self.critic.save_checkpoint(os.path.join(path, "critic"))
+        torch.save({"global_step": self.global_step, "loader": self.train_loader.state_dict(),
+                    "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.controller_rng_state()},
+                   os.path.join(path, "trainer_state.pt"))
+        ckpt.write_tracker(t.default_local_dir, self.global_step)
+        ckpt.prune(t.default_local_dir, t.max_actor_ckpt_to_keep)
+        return path
+
+    def _maybe_resume(self) -> None:
+        t = self.cfg.trainer
+        path = ckpt.find_resume_dir(t.default_local_dir, t.resume_mode)
+        if path is None:
+            return
+        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+        self.actor.load_checkpoint(os.path.join(path, "actor"))
+        if self.critic is not None:
+            self.critic.load_checkpoint(os.path.join(path, "critic"))
+        self.train_loader.load_state_dict(state["loader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        ckpt.set_controller_rng_state(state["rng"])
+        self.global_step = state["global_step"]
+        print(f"resumed from {path} at step {self.global_step}")
+
+
+def _mean_dicts(dicts) -> dict:
+    if isinstance(dicts, dict):
+        return dicts
+    keys = set().union(*dicts)
+    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in keys}
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="training", unit="step", disable=not enabled, dynamic_ncols=True)

@@ -1,0 +1,46 @@
+"""The config feeds the workers' own dataclasses: names agree and the derived kwargs construct them."""
+import pytest
+
+from hybridflow.config import (
+    actor_engine_kwargs, critic_engine_kwargs, derive, load_config, rollout_engine_kwargs, validate,
+)
+from hybridflow.config import derived
+
+engine_config = pytest.importorskip("workers.engines.config")
+rollout_base = pytest.importorskip("workers.rollout.base")
+
+
+def test_mirrored_names_match_the_workers():
+    assert derived.STRATEGIES == engine_config.STRATEGIES
+    assert derived.PARAM_DTYPES == engine_config.PARAM_DTYPES
+    assert derived.LR_SCHEDULERS == engine_config.LR_SCHEDULES
+    assert derived.ROLLOUT_NAMES == rollout_base.ROLLOUT_NAMES
+
+
+def test_engine_kwargs_build_valid_engine_configs():
+    cfg = load_config({
+        "algorithm": {"adv_estimator": "gae"},
+        "actor_rollout_ref": {"actor": {
+            "strategy": "megatron", "megatron": {"tensor_model_parallel_size": 2},
+            "ppo_epochs": 2, "ppo_micro_batch_size_per_gpu": 2, "param_dtype": "bf16",
+            "optim": {"lr": 2e-6, "lr_scheduler": "cosine", "lr_warmup_steps_ratio": 0.25,
+                      "betas": [0.9, 0.95], "clip_grad": 0.5}},
+            "model": {"enable_gradient_checkpointing": True}},
+        "critic": {"optim": {"lr": 1e-5, "lr_warmup_steps": 3}, "ppo_micro_batch_size_per_gpu": 2},
+        "trainer": {"n_gpus_per_node": 2, "total_epochs": 2, "seed": 7}})
+    validate(cfg, check_paths=False)
+    d = derive(cfg, dataset_len=16)  # 2 steps/epoch x 2 epochs = 4 steps; 2 minis x 2 epochs each
+    actor = engine_config.EngineConfig(**actor_engine_kwargs(cfg, d)).validate()
+    assert (actor.strategy, actor.tp, actor.pp, actor.param_dtype) == ("megatron", 2, 1, "bf16")
+    assert actor.total_steps == 4 * 4 and actor.warmup_steps == 4  # 25% of 16 optimizer steps
+    assert actor.betas == (0.9, 0.95) and actor.grad_clip == 0.5 and actor.lr == 2e-6
+    assert actor.micro_batch_size_per_gpu == 2 and actor.gradient_checkpointing and actor.seed == 7
+    critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate()
+    assert (critic.strategy, critic.tp, critic.lr, critic.warmup_steps) == ("fsdp", 1, 1e-5, 3)
+
+
+def test_rollout_kwargs_build_the_rollout_config():
+    cfg = load_config({"data": {"max_prompt_length": 24, "max_response_length": 12},
+                       "actor_rollout_ref": {"rollout": {"n": 4, "temperature": 0.7, "top_k": 5}}})
+    r = rollout_base.RolloutConfig(**rollout_engine_kwargs(cfg))
+    assert (r.n, r.temperature, r.top_k, r.prompt_length, r.response_length) == (4, 0.7, 5, 24, 12)

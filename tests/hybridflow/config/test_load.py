@@ -1,0 +1,157 @@
+"""Hydra YAML -> typed dataclasses: every recipe composes, unknown keys and wrong types are named."""
+import dataclasses
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridflow.config import (
+    ConfigError, RootConfig, compose_config, derive, dotted_keys, load_config, split_cli_args,
+    validate,
+)
+from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
+
+RL_RECIPES = ["ppo", "grpo", "remax"]
+
+
+def test_base_yaml_is_exactly_the_dataclass_defaults():
+    # base.yaml documents every key; it must neither miss one nor drift from the defaults.
+    assert load_config(compose_config("base")) == load_config({})
+    yaml_keys = set()
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            yaml_keys.add(prefix + k)
+            if isinstance(v, dict) and k != "reward_kwargs":
+                walk(v, prefix + k + ".")
+
+    walk(OmegaConf.to_container(compose_config("base")), "")
+    assert yaml_keys == set(dotted_keys(RootConfig))
+
+
+def test_sft_yaml_is_exactly_the_dataclass_defaults():
+    assert load_sft_config(compose_config("sft", schema=SFTConfig)) == load_sft_config({})
+
+
+@pytest.mark.parametrize("name,estimator,critic,reference", [
+    ("ppo", "gae", True, False), ("grpo", "grpo", False, True), ("remax", "remax", False, True)])
+def test_recipes_compose_and_validate(name, estimator, critic, reference):
+    cfg = load_config(compose_config(name, ["trainer.total_training_steps=3"]))
+    assert cfg.algorithm.adv_estimator == estimator
+    assert cfg.trainer.total_training_steps == 3
+    assert cfg.trainer.experiment_name == name
+    validate(cfg, check_paths=False)
+    d = derive(cfg)
+    assert (d.use_critic, d.use_reference) == (critic, reference)
+
+
+def test_grpo_recipe_has_groups_and_low_var_kl_loss():
+    cfg = load_config(compose_config("grpo"))
+    arr = cfg.actor_rollout_ref
+    assert arr.rollout.n >= 4 and arr.actor.use_kl_loss and arr.actor.kl_loss_type == "low_var_kl"
+    assert cfg.critic.enable is False
+
+
+def test_overrides_are_typed_and_interpolations_resolved():
+    cfg = load_config(compose_config("grpo", [
+        "actor_rollout_ref.actor.optim.lr=3e-6", "trainer.experiment_name=123",
+        "trainer.logger=[console,tensorboard]", "data.train_files=a.parquet",
+        "critic.enable=null"]), base_dir="/runs")
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(3e-6)
+    assert cfg.trainer.experiment_name == "123"  # Hydra parsed it as an int; names are strings
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert cfg.data.train_files == ["/runs/a.parquet"]  # a single value becomes a list
+    assert cfg.trainer.default_local_dir == "/runs/checkpoints/hybridflow/123"
+    assert cfg.critic.enable is None
+
+
+def test_default_paths_are_absolute_against_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config({"trainer": {"resume_mode": "~/ckpt/global_step_2"}})
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "data/models/tiny-qwen2-sft")
+    assert cfg.data.val_files == [str(tmp_path / "data/arithmetic/val.parquet")]
+    assert cfg.trainer.resume_mode == os.path.expanduser("~/ckpt/global_step_2")
+    assert load_config({}).trainer.resume_mode == "auto"
+
+
+def test_unknown_override_without_plus_names_key_and_suggestion():
+    with pytest.raises(ConfigError) as err:
+        compose_config("grpo", ["actor_rollout_ref.actor.ppo_mini_batchsize=4"])
+    assert str(err.value) == ("unknown config key 'actor_rollout_ref.actor.ppo_mini_batchsize' "
+                              "(did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?)")
+
+
+def test_unknown_key_added_with_plus_or_in_yaml_is_rejected_by_load_config():
+    with pytest.raises(ConfigError) as err:
+        load_config(compose_config("ppo", ["+actor_rollout_ref.actor.ppo_mini_batchsize=4"]))
+    assert "'actor_rollout_ref.actor.ppo_mini_batchsize'" in str(err.value)
+    assert "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" in str(err.value)
+
+
+def test_key_in_the_wrong_section_suggests_where_it_lives():
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.rollout_n'.*"
+                                          r"did you mean 'actor_rollout_ref.rollout.n'"):
+        load_config({"actor_rollout_ref": {"actor": {"rollout_n": 4}}})
+
+
+def test_every_problem_is_reported_on_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config({"data": {"train_batch_size": "8", "max_prompt_length": 1.5, "shuffle": 1},
+                     "trainer": {"lgger": ["console"], "total_epochs": True}})
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "'data.train_batch_size' must be an integer, got str '8' (remove the quotes)" in msg
+    assert "'data.max_prompt_length' must be an integer, got float 1.5" in msg
+    assert "'data.shuffle' must be a boolean" in msg
+    assert "unknown config key 'trainer.lgger' (did you mean 'trainer.logger'?)" in msg
+    assert "'trainer.total_epochs' must be an integer, got bool True" in msg
+
+
+def test_wrong_type_from_the_command_line():
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.n' must be an integer, got str 'four'"):
+        load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=four"]))
+
+
+def test_scalar_where_a_section_belongs():
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.optim' must be a section"):
+        load_config({"actor_rollout_ref": {"actor": {"optim": 1e-6}}})
+
+
+def test_list_elements_are_typed():
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.actor.optim.betas\[1\]' must be a number"):
+        load_config({"actor_rollout_ref": {"actor": {"optim": {"betas": [0.9, "x"]}}}})
+
+
+def test_unresolvable_interpolation_names_the_key():
+    with pytest.raises(ConfigError, match="trainer.experiment_name"):
+        load_config(OmegaConf.create({"trainer": {"experiment_name": "${nope.missing}"}}))
+
+
+def test_split_cli_args():
+    assert split_cli_args(["--config-name", "grpo", "a=1"], "ppo") == ("grpo", ["a=1"])
+    assert split_cli_args(["-cn", "remax"], "ppo") == ("remax", [])
+    assert split_cli_args(["--config-name=grpo", "+b=2"], "ppo") == ("grpo", ["+b=2"])
+    assert split_cli_args(["x=1"], "ppo") == ("ppo", ["x=1"])
+
+
+def test_sft_recipe_loads_and_rejects_unknown_keys():
+    cfg = load_sft_config(compose_config("sft", ["optim.lr=3e-4", "trainer.total_epochs=1"],
+                                         schema=SFTConfig))
+    assert cfg.optim.lr == pytest.approx(3e-4) and cfg.trainer.total_epochs == 1
+    validate_sft(cfg, check_paths=False)
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.response_keys' \(did you mean 'data.response_key'\?\)"):
+        compose_config("sft", ["data.response_keys=answer"], schema=SFTConfig)
+
+
+def test_sft_batch_must_tile_micro_batches_over_workers():
+    cfg = load_sft_config({"data": {"train_batch_size": 12, "micro_batch_size_per_gpu": 4},
+                           "trainer": {"n_gpus_per_node": 2}})
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=12 must be a multiple of "
+                                          r"data.micro_batch_size_per_gpu=4 x 2"):
+        validate_sft(cfg, check_paths=False)
+
+
+def test_config_round_trips_through_asdict():
+    # The trainer logs dataclasses.asdict(cfg); loading that back must give the same config.
+    cfg = load_config(compose_config("ppo"))
+    assert load_config(dataclasses.asdict(cfg)) == cfg

@@ -1,0 +1,211 @@
+"""Each validation rule fires with a message naming its key; a valid tiny config passes."""
+import json
+import logging
+
+import pytest
+
+from hybridflow.config import ConfigError, derive, load_config, validate
+from hybridflow.device import device_count
+
+TINY_MODEL = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 66, "intermediate_size": 256, "num_hidden_layers": 2,
+              "hidden_size": 128, "max_position_embeddings": 512}
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """A working directory holding the demo's default files (contents do not matter here)."""
+    (tmp_path / "data/arithmetic").mkdir(parents=True)
+    for split in ("train", "val"):
+        (tmp_path / f"data/arithmetic/{split}.parquet").write_bytes(b"")
+    model = tmp_path / "data/models/tiny-qwen2-sft"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(TINY_MODEL))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def grpo(**overrides):
+    """The grpo recipe's tiny shape as a dict, with dotted-key overrides."""
+    tree = {"algorithm": {"adv_estimator": "grpo"},
+            "data": {"train_batch_size": 8},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 8,
+                                            "use_kl_loss": True},
+                                  "rollout": {"n": 4}},
+            "trainer": {"n_gpus_per_node": 2}}
+    for dotted, value in overrides.items():
+        node, *path, leaf = dotted.split("__")
+        cur = tree.setdefault(node, {})
+        for part in path:
+            cur = cur.setdefault(part, {})
+        cur[leaf] = value
+    return load_config(tree)
+
+
+def error_of(cfg, **kwargs) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, **kwargs)
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
+    cfg = grpo()
+    validate(cfg, available_slots=2)  # reads the model's config.json from model.path
+    d = derive(cfg, dataset_len=100)
+    assert (d.actor_world, d.actor_dp, d.rollout_dp, d.total_workers) == (2, 2, 2, 2)
+    assert d.sequences_per_step == 32
+    assert d.actor_mini_batches_per_epoch == 2  # 8 prompts / 4 per mini-batch
+    assert d.actor_micro_batches_per_mini == 1  # 4*4 seqs / 2 ranks = 8 per rank = 1 micro of 8
+    assert (d.steps_per_epoch, d.total_training_steps) == (12, 12)  # last partial batch dropped
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    # batch sizes (verl: mini counts prompts, x n sequences, over dp ranks, into micro-batches)
+    (dict(actor_rollout_ref__actor__ppo_mini_batch_size=3),
+     "data.train_batch_size=8 must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=3"),
+    (dict(actor_rollout_ref__rollout__n=3, actor_rollout_ref__actor__ppo_mini_batch_size=1,
+          trainer__n_gpus_per_node=2),
+     "actor_rollout_ref.actor.ppo_mini_batch_size=1 x actor_rollout_ref.rollout.n=3 = 3 sequences"),
+    (dict(actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=3),
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3 must divide the 8 sequences"),
+    (dict(actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=16),
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 must divide"),
+    # parallel sizes vs world
+    (dict(actor_rollout_ref__actor__strategy="megatron",
+          actor_rollout_ref__actor__megatron__tensor_model_parallel_size=4),
+     "actor_rollout_ref.actor.megatron (tensor x pipeline parallel): 2 workers cannot be split into tp*pp=4"),
+    (dict(actor_rollout_ref__rollout__tensor_model_parallel_size=4),
+     "actor_rollout_ref.rollout.tensor_model_parallel_size: 2 workers cannot be split into tp=4"),
+    (dict(trainer__n_gpus_per_node=4, actor_rollout_ref__actor__strategy="megatron",
+          actor_rollout_ref__actor__megatron__pipeline_model_parallel_size=2,
+          actor_rollout_ref__rollout__tensor_model_parallel_size=2),
+     "actor_rollout_ref.rollout.tensor_model_parallel_size=2 must divide actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1"),
+    (dict(actor_rollout_ref__actor__megatron__tensor_model_parallel_size=2),
+     "actor_rollout_ref.actor.megatron.* sizes only apply to actor_rollout_ref.actor.strategy=megatron"),
+    (dict(actor_rollout_ref__rollout__name="hf", actor_rollout_ref__rollout__tensor_model_parallel_size=2),
+     "actor_rollout_ref.rollout.name=hf runs one full model per worker"),
+    # unknown names
+    (dict(algorithm__adv_estimator="grp"), "algorithm.adv_estimator='grp' is unknown (did you mean 'grpo'?)"),
+    (dict(actor_rollout_ref__actor__kl_loss_type="k4"), "actor_rollout_ref.actor.kl_loss_type='k4' is unknown"),
+    (dict(algorithm__kl_penalty="lowvar_kl"), "algorithm.kl_penalty='lowvar_kl' is unknown (did you mean 'low_var_kl'?)"),
+    (dict(algorithm__kl_ctrl__type="pid"), "algorithm.kl_ctrl.type='pid' is unknown"),
+    (dict(actor_rollout_ref__actor__loss_agg_mode="seq-mean"), "actor_rollout_ref.actor.loss_agg_mode='seq-mean' is unknown"),
+    (dict(actor_rollout_ref__actor__strategy="deepspeed"), "actor_rollout_ref.actor.strategy='deepspeed' is unknown"),
+    (dict(critic__strategy="ddp"), "critic.strategy='ddp' is unknown"),
+    (dict(actor_rollout_ref__rollout__name="sglang"), "actor_rollout_ref.rollout.name='sglang' is unknown"),
+    (dict(trainer__logger=["console", "wandbb"]), "trainer.logger='wandbb' is unknown (did you mean 'wandb'?)"),
+    (dict(trainer__logger=["console", "console"]), "trainer.logger=['console', 'console'] lists a logger twice"),
+    (dict(trainer__placement="spread"), "trainer.placement='spread' is unknown"),
+    (dict(trainer__device="tpu"), "trainer.device='tpu' is unknown"),
+    (dict(actor_rollout_ref__actor__param_dtype="fp16"), "actor_rollout_ref.actor.param_dtype='fp16' is unknown"),
+    # algorithm requirements
+    (dict(actor_rollout_ref__rollout__n=1, actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=2),
+     "algorithm.adv_estimator=grpo compares several responses per prompt: set actor_rollout_ref.rollout.n>=2"),
+    (dict(algorithm__adv_estimator="rloo", actor_rollout_ref__rollout__n=1,
+          actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=2), "actor_rollout_ref.rollout.n>=2"),
+    (dict(actor_rollout_ref__rollout__temperature=0.0), "actor_rollout_ref.rollout.temperature=0"),
+    (dict(algorithm__adv_estimator="gae", critic__enable=False), "algorithm.adv_estimator=gae needs a critic"),
+    (dict(reward_model__enable=True), "reward_model.enable=true needs reward_model.model.path"),
+    (dict(trainer__placement="separate", actor_rollout_ref__actor__use_kl_loss=False),
+     "trainer.placement=separate but no critic, reference or reward model"),
+    (dict(actor_rollout_ref__rollout__val_kwargs__n=4), "actor_rollout_ref.rollout.val_kwargs.n=4 with do_sample=false"),
+    # value ranges
+    (dict(actor_rollout_ref__actor__clip_ratio_c=1.0), "actor_rollout_ref.actor.clip_ratio_c=1.0 must be > 1"),
+    (dict(actor_rollout_ref__rollout__top_p=0.0), "actor_rollout_ref.rollout.top_p=0.0 must be in (0, 1]"),
+    (dict(algorithm__lam=1.5), "algorithm.lam=1.5 must be in [0, 1]"),
+    (dict(trainer__save_freq=0), "trainer.save_freq=0 must be -1 (off) or a positive number of steps"),
+    (dict(data__train_batch_size=0), "data.train_batch_size=0 must be a positive integer"),
+    (dict(actor_rollout_ref__actor__optim__lr=0.0), "actor_rollout_ref.actor.optim.lr=0.0 must be > 0"),
+    (dict(algorithm__kl_ctrl__type="adaptive", algorithm__kl_ctrl__horizon=0),
+     "algorithm.kl_ctrl.horizon=0 must be a positive integer"),
+])
+def test_rule_names_its_key(run_dir, overrides, needle):
+    assert needle in error_of(grpo(**overrides))
+
+
+def test_critic_batch_rules_use_the_critic_sizes(run_dir):
+    cfg = grpo(algorithm__adv_estimator="gae", critic__ppo_micro_batch_size_per_gpu=3)
+    assert "critic.ppo_micro_batch_size_per_gpu=3 must divide the 8 sequences each critic rank" in error_of(cfg)
+    cfg = grpo(algorithm__adv_estimator="gae", critic__ppo_mini_batch_size=3)
+    assert "must be a multiple of critic.ppo_mini_batch_size=3" in error_of(cfg)
+
+
+def test_separate_pool_sizes_the_critic_world(run_dir):
+    cfg = grpo(algorithm__adv_estimator="gae", trainer__placement="separate",
+               trainer__separate_pool_gpus_per_node=1, critic__strategy="megatron",
+               critic__megatron__tensor_model_parallel_size=2)
+    msg = error_of(cfg)
+    assert "critic.megatron (tensor x pipeline parallel): 1 workers cannot be split into tp*pp=2" in msg
+
+
+def test_missing_files_are_named(run_dir):
+    (run_dir / "data/arithmetic/val.parquet").unlink()
+    cfg = grpo(custom_reward_function__path="my_reward.py", trainer__resume_mode="ckpt/global_step_3")
+    msg = error_of(cfg)
+    assert f"data.val_files[0]: {run_dir}/data/arithmetic/val.parquet is not an existing file" in msg
+    assert "custom_reward_function.path:" in msg and "trainer.resume_mode:" in msg
+    cfg = grpo(actor_rollout_ref__model__path="nowhere")
+    assert "actor_rollout_ref.model.path:" in error_of(cfg)
+    validate(cfg, check_paths=False, model_config=TINY_MODEL)  # a dry run skips files
+
+
+def test_model_shapes_must_split_over_tp_and_pp(run_dir):
+    cfg = grpo(trainer__n_gpus_per_node=8, actor_rollout_ref__actor__strategy="megatron",
+               actor_rollout_ref__actor__megatron__tensor_model_parallel_size=4,
+               actor_rollout_ref__actor__megatron__pipeline_model_parallel_size=2,
+               actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=1)
+    msg = error_of(cfg, model_config=dict(TINY_MODEL, num_hidden_layers=3))
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 must divide the model's num_key_value_heads=2" in msg
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 must divide the model's vocab_size=66" in msg
+    assert "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 must divide the model's num_hidden_layers=3" in msg
+    assert "num_attention_heads=4" not in msg
+
+
+def test_rollout_tp_and_kv_heads_must_divide_one_another(run_dir):
+    cfg = grpo(trainer__n_gpus_per_node=4, actor_rollout_ref__rollout__tensor_model_parallel_size=4,
+               actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=4)
+    validate(cfg)  # 2 kv heads replicated over tp 4 is fine for vLLM
+    msg = error_of(cfg, model_config=dict(TINY_MODEL, num_attention_heads=12, num_key_value_heads=3))
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=4 and the model's num_key_value_heads=3" in msg
+
+
+def test_sequence_lengths_must_fit_the_model(run_dir):
+    cfg = grpo(data__max_prompt_length=500, data__max_response_length=16)
+    assert "data.max_prompt_length + data.max_response_length = 516 exceeds" in error_of(cfg)
+
+
+def test_more_workers_than_slots(run_dir):
+    cfg = grpo(trainer__n_gpus_per_node=4)
+    assert "the run needs 4 workers (trainer.nnodes*trainer.n_gpus_per_node=1*4)" in error_of(cfg, available_slots=2)
+    cfg = grpo(trainer__placement="separate", trainer__separate_pool_gpus_per_node=1)
+    assert "+ trainer.nnodes*trainer.separate_pool_gpus_per_node=1" in error_of(cfg, available_slots=2)
+
+
+@pytest.mark.skipif(device_count() > 0, reason="needs a machine without a visible GPU")
+def test_cuda_requested_without_gpu(run_dir):
+    assert "trainer.device=cuda but no GPU is visible" in error_of(grpo(trainer__device="cuda"))
+
+
+def test_kl_in_loss_and_reward_is_allowed_with_a_warning(run_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.config.validate"):
+        validate(grpo(algorithm__use_kl_in_reward=True))
+    assert "penalised twice" in caplog.text
+
+
+def test_remax_runs_with_one_sample(run_dir):
+    cfg = grpo(algorithm__adv_estimator="remax", actor_rollout_ref__rollout__n=1,
+               actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=2)
+    validate(cfg)
+    assert not derive(cfg).use_critic
+
+
+def test_warmup_and_total_steps_follow_the_run_length(run_dir):
+    cfg = grpo(trainer__total_epochs=2, actor_rollout_ref__actor__optim__lr_warmup_steps_ratio=0.1,
+               actor_rollout_ref__actor__ppo_epochs=2)
+    d = derive(cfg, dataset_len=40)
+    assert (d.steps_per_epoch, d.total_training_steps) == (5, 10)
+    assert d.actor_optimizer_steps_per_step == 4  # 2 ppo epochs x 2 mini-batches
+    assert d.actor_warmup_steps == 4  # 10% of 40 optimizer steps
+    assert derive(grpo(trainer__total_training_steps=3), dataset_len=40).total_training_steps == 3

@@ -1,0 +1,212 @@
+"""The hybrid worker: actor (training engine), rollout (vLLM or HF) and reference policy in one
+process per slot, sharing the slot's device and the group's torch.distributed world.
+
+Two data-parallel meshes are registered with the controller: ``actor`` (the training layout's
+dp rank; collected from TP rank 0 of the last pipeline stage) and ``rollout`` (generation dp =
+world / rollout TP). Between an actor update and the next generation the weights move from the
+training layout to the generation layout through ``resharding`` (the 3D-HybridEngine); nothing is
+copied when the weights did not change.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridflow import device
+from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.protocol import DataProto
+from workers.engines.config import EngineConfig
+from workers.rollout.base import RolloutConfig
+
+ROLES = ("actor", "rollout", "ref")
+
+
+@dataclass
+class ActorRolloutRefSettings:
+    model_path: str
+    roles: tuple[str, ...] = ("actor", "rollout")
+    actor: EngineConfig = field(default_factory=EngineConfig)
+    ref: EngineConfig | None = None
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    objective: ActorObjective = field(default_factory=ActorObjective)
+    ppo_mini_batch_size: int = 8  # rows (sequences) per optimizer step, over all dp ranks
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    temperature: float = 1.0  # the sampling temperature; log-probs are computed under it too
+    reshard_bucket_bytes: int = 64 * 1024**2
+    seed: int = 0
+
+
+def build_engine(cfg: EngineConfig, model_path: str, role: str):
+    if cfg.strategy == "fsdp":
+        from workers.engines.fsdp import FSDPEngine
+
+        return FSDPEngine(cfg, model_path, role)
+    if cfg.strategy == "megatron":
+        from workers.engines.megatron import MegatronEngine
+
+        return MegatronEngine(cfg, model_path, role)
+    raise ValueError(f"actor_rollout_ref.actor.strategy={cfg.strategy!r}: use 'fsdp' or 'megatron'")
+
+
+class ActorRolloutRefWorker(Worker):
+    def __init__(self, settings: ActorRolloutRefSettings):
+        super().__init__()
+        unknown = set(settings.roles) - set(ROLES)
+        if unknown:
+            raise ValueError(f"ActorRolloutRefWorker roles {sorted(unknown)} unknown; use a subset of {ROLES}")
+        self.s = settings
+        self.engine = self.ref_engine = self.rollout = None
+        self._weights_stale = False
+
+    # ------------------------------------------------------------------ set-up
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        self.init_distributed()
+        torch.manual_seed(self.s.seed + self.rank)
+        s = self.s
+        if "actor" in s.roles:
+            self.engine = build_engine(s.actor, s.model_path, "actor")
+            self.register_mesh("actor", self.engine.dp_rank, self.engine.dp_size, self.engine.is_collect)
+        if "ref" in s.roles:
+            self.ref_engine = build_engine(s.ref or s.actor, s.model_path, "ref")
+            if self.engine is None:
+                self.register_mesh("actor", self.ref_engine.dp_rank, self.ref_engine.dp_size,
+                                   self.ref_engine.is_collect)
+        if "rollout" in s.roles:
+            self._build_rollout()
+        return True
+
+    def _build_rollout(self):
+        from resharding import RNGStreams
+
+        s = self.s
+        if s.rollout.name == "vllm":
+            from workers.rollout.vllm_rollout import VLLMRollout
+
+            self.rollout = VLLMRollout(s.rollout, s.model_path)
+        else:
+            from workers.rollout.hf_rollout import HFRollout
+
+            if self.engine is None or s.actor.strategy != "fsdp":
+                raise ValueError("actor_rollout_ref.rollout.name=hf generates with the actor's own module and needs "
+                                 "actor.strategy=fsdp; use rollout.name=vllm with megatron")
+            self.rollout = HFRollout(self.engine.model, s.rollout, sync_ranks=self.world_size > 1)
+        self.register_mesh("rollout", self.rollout.dp_rank, self.rollout.dp_size, self.rollout.is_collect)
+        self.rng = RNGStreams(generation_seed=s.seed + 1000 * self.rollout.dp_rank)
+        self._weight_source, self._stats = self._make_weight_source()
+
+    def _make_weight_source(self):
+        """How this rank streams the actor's weights into the rollout (the resharding plan)."""
+        from resharding import GenLayout, Resharder, TrainLayout, TransferStats, fsdp_to_hf_stream, \
+            plan_from_param_specs
+
+        s, engine = self.s, self.engine
+        if engine is None or s.rollout.name == "hf":
+            return None, None
+        if s.actor.strategy == "megatron":
+            from workers.models.layout import param_specs
+
+            train = TrainLayout(pp=s.actor.pp, tp=s.actor.tp, dp=self.world_size // (s.actor.pp * s.actor.tp))
+            gen = GenLayout(tp=s.rollout.tensor_model_parallel_size, world=self.world_size)
+            resharder = Resharder(plan_from_param_specs(param_specs, engine.hf_config, train, gen),
+                                  bucket_bytes=s.reshard_bucket_bytes)
+            return (lambda: resharder.stream(dict(engine.model.named_parameters()))), resharder.stats
+        stats = TransferStats()
+        return (lambda: fsdp_to_hf_stream(engine.model.named_parameters(), s.reshard_bucket_bytes, stats)), stats
+
+    # ------------------------------------------------------------------ generation
+    @register(dispatch_mode=Dispatch.mesh("rollout"))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        from resharding import generate_mode
+
+        metrics: dict[str, float] = {}
+        if self._weights_stale and self._weight_source is not None:
+            self._stats.reset()
+            with generate_mode(self.engine, self.rollout, self._weight_source, metrics, self.rng, self._stats,
+                               offload_engine=device.device_type() == "cuda"):
+                out = self._generate(prompts, metrics)
+            self._weights_stale = False
+        else:
+            self.rng.to_generation()
+            try:
+                out = self._generate(prompts, metrics)
+            finally:
+                self.rng.to_training()
+        out.meta_info["metrics"] = metrics
+        return out
+
+    def _generate(self, prompts: DataProto, metrics: dict) -> DataProto:
+        t0 = time.perf_counter()
+        out = self.rollout.generate_sequences(prompts)
+        metrics["timing_s/gen_worker"] = time.perf_counter() - t0
+        return out
+
+    # ------------------------------------------------------------------ log-probs
+    @register(dispatch_mode=Dispatch.mesh("actor"))
+    def compute_log_prob(self, data: DataProto) -> DataProto | None:
+        temperature = float(data.meta_info.get("temperature", self.s.temperature))
+        log_probs, entropy = self.engine.compute_log_prob(data, temperature, calculate_entropy=True)
+        if not self.engine.is_collect:
+            return None
+        return DataProto.from_dict({"old_log_probs": log_probs.float(), "entropys": entropy.float()})
+
+    @register(dispatch_mode=Dispatch.mesh("actor"))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto | None:
+        temperature = float(data.meta_info.get("temperature", self.s.temperature))
+        log_probs, _ = self.ref_engine.compute_log_prob(data, temperature)
+        if not self.ref_engine.is_collect:
+            return None
+        return DataProto.from_dict({"ref_log_prob": log_probs.float()})
+
+    # ------------------------------------------------------------------ training
+    @register(dispatch_mode=Dispatch.mesh("actor"))
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """ppo_epochs passes over this rank's rows in mini-batches; one optimizer step each."""
+        s, engine = self.s, self.engine
+        rows = s.ppo_mini_batch_size // engine.dp_size
+        if rows < 1 or len(data) % rows:
+            raise ValueError(f"update_actor: {len(data)} rows on this rank do not split into mini-batches of "
+                             f"{rows} (ppo_mini_batch_size {s.ppo_mini_batch_size} over {engine.dp_size} dp ranks)")
+        data.meta_info.update(temperature=float(data.meta_info.get("temperature", s.temperature)),
+                              calculate_entropy=True)
+        loss_fn = make_actor_loss_fn(s.objective)
+        t0 = time.perf_counter()
+        sums: dict[str, float] = {}
+        count = 0
+        for mini in data.make_iterator(rows, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed):
+            for k, v in engine.train_batch(mini, loss_fn).items():
+                key = k if "/" in k else f"actor/{k}"
+                sums[key] = sums.get(key, 0.0) + float(v)
+            count += 1
+        self._weights_stale = True
+        metrics = {k: v / count for k, v in sums.items()}
+        metrics["timing_s/update_actor_worker"] = time.perf_counter() - t0
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> bool:
+        self.engine.save_checkpoint(path)
+        if self.rollout is not None:
+            torch.save(self.rng.state_dict(), f"{path}/rng_rollout_rank{self.rank}.pt")
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> bool:
+        import os
+
+        self.engine.load_checkpoint(path)
+        rng_file = f"{path}/rng_rollout_rank{self.rank}.pt"
+        if self.rollout is not None and os.path.exists(rng_file):
+            self.rng.load_state_dict(torch.load(rng_file, weights_only=False))
+        self._weights_stale = True  # the rollout still holds the initial weights
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_hf(self, path: str) -> bool:
+        self.engine.save_hf(path)
+        return True

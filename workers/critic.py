@@ -1,0 +1,71 @@
+"""The critic worker: a value model on a training engine (same backbone family as the actor plus
+a scalar head), for GAE-based PPO."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hybridflow.algorithms.objectives import make_critic_loss_fn
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.protocol import DataProto
+from workers.actor_rollout_ref import build_engine
+from workers.engines.config import EngineConfig
+
+
+@dataclass
+class CriticSettings:
+    model_path: str
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ppo_mini_batch_size: int = 8  # rows per optimizer step over all dp ranks
+    ppo_epochs: int = 1
+    cliprange_value: float | None = 0.5
+    loss_agg_mode: str = "token-mean"
+    shuffle: bool = False
+    seed: int = 0
+
+
+class CriticWorker(Worker):
+    def __init__(self, settings: CriticSettings):
+        super().__init__()
+        self.s = settings
+        self.engine = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        self.init_distributed()
+        self.engine = build_engine(self.s.engine, self.s.model_path, "critic")
+        self.register_mesh("critic", self.engine.dp_rank, self.engine.dp_size, self.engine.is_collect)
+        return True
+
+    @register(dispatch_mode=Dispatch.mesh("critic"))
+    def compute_values(self, data: DataProto) -> DataProto | None:
+        values = self.engine.compute_values(data)
+        return DataProto.from_dict({"values": values.float()}) if self.engine.is_collect else None
+
+    @register(dispatch_mode=Dispatch.mesh("critic"))
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        s = self.s
+        rows = s.ppo_mini_batch_size // self.engine.dp_size
+        if rows < 1 or len(data) % rows:
+            raise ValueError(f"update_critic: {len(data)} rows on this rank do not split into mini-batches of {rows}")
+        loss_fn = make_critic_loss_fn(s.cliprange_value, s.loss_agg_mode)
+        t0 = time.perf_counter()
+        sums, count = {}, 0
+        for mini in data.make_iterator(rows, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed):
+            for k, v in self.engine.train_batch(mini, loss_fn).items():
+                key = k if "/" in k else f"critic/{k}"
+                sums[key] = sums.get(key, 0.0) + float(v)
+            count += 1
+        metrics = {k: v / count for k, v in sums.items()}
+        metrics["timing_s/update_critic_worker"] = time.perf_counter() - t0
+        return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> bool:
+        self.engine.save_checkpoint(path)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> bool:
+        self.engine.load_checkpoint(path)
+        return True

@@ -1,0 +1,67 @@
+"""The reward-model worker: an HF sequence-classification model scoring whole sequences.
+
+The score of a sequence is the classifier's output at its last real token, placed on the last
+response token (as rule rewards are). The reward model must share the actor's tokenizer (the
+common case for RLHF pipelines built from one base model); a different tokenizer is refused at
+load time rather than silently scoring the wrong ids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridflow import device
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.protocol import DataProto
+
+
+@dataclass
+class RewardModelSettings:
+    model_path: str
+    micro_batch_size_per_gpu: int = 8
+    actor_vocab_size: int | None = None
+
+
+class RewardModelWorker(Worker):
+    def __init__(self, settings: RewardModelSettings):
+        super().__init__()
+        self.s = settings
+        self.model = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        from transformers import AutoModelForSequenceClassification
+
+        self.init_distributed()
+        self.model = AutoModelForSequenceClassification.from_pretrained(self.s.model_path, torch_dtype=torch.float32)
+        if self.model.config.num_labels != 1:
+            raise ValueError(f"reward_model.model.path={self.s.model_path}: a reward model needs num_labels=1, "
+                             f"got {self.model.config.num_labels}")
+        if self.s.actor_vocab_size and self.model.config.vocab_size != self.s.actor_vocab_size:
+            raise ValueError(f"reward_model.model.path={self.s.model_path}: vocab {self.model.config.vocab_size} "
+                             f"differs from the actor's {self.s.actor_vocab_size}; use a reward model built on the "
+                             "actor's tokenizer")
+        self.model.to(device.torch_device()).eval()
+        self.register_mesh("reward_model", self.rank, self.world_size, True)
+        return True
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @torch.no_grad()
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        scores = []
+        for micro in data.split(self.s.micro_batch_size_per_gpu):
+            b = micro.batch
+            out = self.model(input_ids=b["input_ids"].to(self.model.device),
+                             attention_mask=b["attention_mask"].to(self.model.device),
+                             position_ids=b["position_ids"].to(self.model.device))
+            logits = out.logits.squeeze(-1).float().cpu()
+            # HF's sequence classifier already picks the last non-pad token when pad_token_id is
+            # set; with a right-padded batch and no pad id it would pick the last column, so check.
+            scores.append(logits if logits.dim() == 1 else logits[:, -1])
+        score = torch.cat(scores)
+        mask = data.batch["response_mask"]
+        token_scores = torch.zeros_like(mask, dtype=torch.float32)
+        last = (mask.sum(-1) - 1).clamp(min=0)
+        token_scores[torch.arange(len(score)), last] = score
+        return DataProto.from_dict({"rm_scores": token_scores})
