@@ -8,8 +8,13 @@ from __future__ import annotations
 import datetime
 import os
 
-import torch
-import torch.distributed as dist
+# On CPUs that advertise AMX, oneDNN picks AMX bf16 kernels that die with SIGILL on this machine
+# kind; capping the ISA at AVX512-BF16 keeps bf16 matmuls working (measured: any bf16 nn.Linear
+# crashed without it). Must be set before oneDNN creates its first primitive, hence at import.
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def device_type() -> str:

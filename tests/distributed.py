@@ -5,7 +5,10 @@ Ray-free on purpose: these tests check SPMD numerics; the controller tests cover
 from __future__ import annotations
 
 import os
+import pickle
+import queue as queue_lib
 import socket
+import time
 import traceback
 
 import torch.multiprocessing as mp
@@ -25,7 +28,9 @@ def _entry(rank, world, port, fn, args, queue):
         torch.set_num_threads(1)
         from hybridflow.device import init_distributed
         init_distributed(timeout_s=120)
-        queue.put((rank, "ok", fn(rank, world, *args)))
+        # pickled here: tensors sent through a multiprocessing queue share memory with a process
+        # that exits right after, which breaks the transfer (ConnectionResetError in the parent)
+        queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException:  # report, never hang the parent
         queue.put((rank, "error", traceback.format_exc()))
 
@@ -42,13 +47,23 @@ def run_distributed(fn, world_size: int, *args, timeout_s: float = 300.0):
     for p in procs:
         p.start()
     results, errors = {}, []
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(world_size):
-            rank, status, value = queue.get(timeout=timeout_s)
+        while len(results) < world_size and not errors:
+            try:
+                rank, status, value = queue.get(timeout=1.0)
+            except queue_lib.Empty:
+                # a child killed by a signal (e.g. SIGILL) never reports: notice it, don't wait forever
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    errors.append(f"rank {dead[0][0]} died with exit code {dead[0][1]}")
+                elif time.monotonic() > deadline:
+                    errors.append(f"no result within {timeout_s:g}s")
+                continue
             if status == "error":
                 errors.append(f"rank {rank}:\n{value}")
-                break
-            results[rank] = value
+            else:
+                results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=5 if errors else 30)

@@ -17,6 +17,10 @@ from hybridflow.algorithms.policy_loss import PolicyLossConfig, ppo_clip_loss
 from hybridflow.algorithms.value_loss import clipped_value_loss
 
 
+def _f(x) -> float:
+    return float(x.detach()) if isinstance(x, torch.Tensor) else float(x)
+
+
 @dataclass(frozen=True)
 class ActorObjective:
     clip_ratio: float = 0.2
@@ -45,17 +49,17 @@ def make_actor_loss_fn(obj: ActorObjective):
         log_prob = outputs["log_probs"]
         pg = ppo_clip_loss(b["old_log_probs"], log_prob, b["advantages"], mask, policy_cfg)
         loss = pg.pg_loss
-        metrics = {"actor/pg_loss": float(pg.pg_loss), "actor/pg_clipfrac": float(pg.pg_clipfrac),
-                   "actor/ppo_kl": float(pg.ppo_kl), "actor/pg_clipfrac_lower": float(pg.pg_clipfrac_lower)}
+        metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
+                   "actor/ppo_kl": _f(pg.ppo_kl), "actor/pg_clipfrac_lower": _f(pg.pg_clipfrac_lower)}
         if outputs.get("entropy") is not None:
             entropy = agg_entropy(outputs["entropy"], mask, obj.loss_agg_mode)
-            metrics["actor/entropy"] = float(entropy)
+            metrics["actor/entropy"] = _f(entropy)
             if obj.entropy_coeff:
                 loss = loss - obj.entropy_coeff * entropy
         if obj.use_kl_loss:
             kl = kl_loss(log_prob, b["ref_log_prob"], mask, obj.kl_loss_type, obj.loss_agg_mode)
             loss = loss + obj.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = float(kl)
+            metrics["actor/kl_loss"] = _f(kl)
             metrics["actor/kl_coef"] = obj.kl_loss_coef
         return loss, metrics
 
@@ -67,6 +71,6 @@ def make_critic_loss_fn(cliprange_value: float | None = 0.5, loss_agg_mode: str 
         b = micro.batch
         mask = b["response_mask"].to(outputs["values"].dtype)
         out = clipped_value_loss(outputs["values"], b["values"], b["returns"], mask, cliprange_value, loss_agg_mode)
-        return out.vf_loss, {"critic/vf_loss": float(out.vf_loss), "critic/vf_clipfrac": float(out.vf_clipfrac)}
+        return out.vf_loss, {"critic/vf_loss": _f(out.vf_loss), "critic/vf_clipfrac": _f(out.vf_clipfrac)}
 
     return loss_fn

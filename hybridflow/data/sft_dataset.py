@@ -1,0 +1,61 @@
+"""Prompt/response pairs for supervised fine-tuning, laid out exactly like an RL batch.
+
+The prompt is tokenized the way the RL data set does it (``encode_prompt``) and left-padded to
+``P``; the response (plus EOS) is right-padded to ``R = max_length - P``. So the SFT loss is the
+training engine's response log-prob, the same code path as PPO, and a warm-started model sees
+prompts at RL time exactly as it saw them here.
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridflow.data.dataset import encode_prompt, left_pad, pad_token_id, read_rows
+
+SFT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+class SFTDataset(torch.utils.data.Dataset):
+    def __init__(self, files, tokenizer, *, prompt_key: str = "prompt", response_key: str = "response",
+                 max_length: int = 64, apply_chat_template: bool | None = None):
+        files = [files] if isinstance(files, str) else list(files)
+        if tokenizer.eos_token_id is None:
+            raise ValueError("SFT needs a tokenizer with an eos_token: responses must teach the model to stop")
+        self.pad_id = pad_token_id(tokenizer)
+        pairs = []
+        for path in files:
+            for i, row in enumerate(read_rows(path)):
+                for key in (prompt_key, response_key):
+                    if key not in row:
+                        raise ValueError(f"{path}: row {i}: missing key {key!r} (data.prompt_key / data.response_key)")
+                if not isinstance(row[response_key], str):
+                    raise ValueError(f"{path}: row {i}: key {response_key!r} must be a string")
+                prompt = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
+                response = list(tokenizer(row[response_key], add_special_tokens=False)["input_ids"])
+                pairs.append((prompt, response + [tokenizer.eos_token_id], path, i))
+        if not pairs:
+            raise ValueError(f"no SFT rows in {files}")
+        self.prompt_length = max(len(p) for p, _, _, _ in pairs)
+        self.response_length = max_length - self.prompt_length
+        for p, r, path, i in pairs:
+            if len(r) > self.response_length:
+                raise ValueError(f"{path}: row {i}: prompt+response is {len(p) + len(r)} tokens, longer than "
+                                 f"data.max_length={max_length}: raise data.max_length")
+        self.pairs = [(p, r) for p, r, _, _ in pairs]
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict:
+        prompt, response = self.pairs[index]
+        p_ids, p_mask, _ = left_pad(prompt, self.prompt_length, self.pad_id)
+        r_ids = torch.full((self.response_length,), self.pad_id, dtype=torch.long)
+        r_mask = torch.zeros(self.response_length, dtype=torch.long)
+        r_ids[: len(response)] = torch.tensor(response)
+        r_mask[: len(response)] = 1
+        mask = torch.cat([p_mask, r_mask])
+        return {"input_ids": torch.cat([p_ids, r_ids]), "attention_mask": mask,
+                "position_ids": (mask.cumsum(0) - 1).clamp(min=0), "responses": r_ids, "response_mask": r_mask}
+
+
+def collate_sft(items) -> dict:
+    return {k: torch.stack([it[k] for it in items]) for k in SFT_TENSOR_KEYS}

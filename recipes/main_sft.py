@@ -1,0 +1,91 @@
+"""SFT entry point: ``python -m recipes.main_sft key=value ...`` (config: recipes/config/sft.yaml)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from hybridflow.config import ConfigError, compose_config, split_cli_args
+from hybridflow.config.sft import load_sft_config, validate_sft
+
+
+def load_and_validate(argv):
+    name, overrides = split_cli_args(argv, "sft")
+    cfg = load_sft_config(compose_config(name, overrides))
+    slots = None if cfg.ray_init.address else int((cfg.ray_init.num_cpus or os.cpu_count() or 1)
+                                                   / cfg.trainer.cpus_per_worker + 1e-9)
+    validate_sft(cfg, available_slots=slots)
+    return cfg
+
+
+def run(cfg) -> dict:
+    import dataclasses
+
+    import ray
+
+    from hybridflow import device
+    from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    from hybridflow.data.loader import ResumablePromptLoader
+    from hybridflow.data.sft_dataset import SFTDataset, collate_sft
+    from hybridflow.tiny import load_tokenizer
+    from hybridflow.tracking import Tracker, flatten_config
+    from hybridflow.trainer.sft_trainer import SFTTrainer
+    from workers.engines.config import EngineConfig
+    from workers.sft_worker import SFTSettings, SFTWorker
+
+    d, t = cfg.data, cfg.trainer
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+    kw = dict(prompt_key=d.prompt_key, response_key=d.response_key, max_length=d.max_length,
+              apply_chat_template=d.apply_chat_template)
+    train_ds = SFTDataset(d.train_files, tokenizer, **kw)
+    val_ds = SFTDataset(d.val_files, tokenizer, **kw) if d.val_files else None
+    train_loader = ResumablePromptLoader(train_ds, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
+                                         collate_fn=collate_sft)
+    val_loader = (ResumablePromptLoader(val_ds, min(len(val_ds), 256), shuffle=False, drop_last=False,
+                                        collate_fn=collate_sft) if val_ds else None)
+    steps = len(train_loader) * t.total_epochs
+    steps = min(steps, t.total_training_steps) if t.total_training_steps else steps
+    warmup = cfg.optim.lr_warmup_steps if cfg.optim.lr_warmup_steps >= 0 else int(cfg.optim.lr_warmup_steps_ratio * steps)
+    m, o = cfg.model, cfg.optim
+    tp, pp = ((m.megatron.tensor_model_parallel_size, m.megatron.pipeline_model_parallel_size)
+              if m.strategy == "megatron" else (1, 1))
+    engine = EngineConfig(strategy=m.strategy, tp=tp, pp=pp, param_dtype=m.param_dtype, lr=o.lr,
+                          weight_decay=o.weight_decay, betas=tuple(o.betas), adam_eps=o.eps, warmup_steps=warmup,
+                          lr_schedule=o.lr_scheduler, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
+                          grad_clip=o.clip_grad, micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
+                          gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed)
+    use_gpu = t.device == "cuda" or (t.device == "auto" and device.device_type() == "cuda")
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray_init.address or "local",
+                 num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),
+                 include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),
+                           name_prefix="sft", timeout_s=t.call_timeout_s)
+    tracker = Tracker(t.logger, t.project_name, t.experiment_name, t.default_local_dir,
+                      flatten_config(dataclasses.asdict(cfg)))
+    try:
+        group.init_model()
+        trainer = SFTTrainer(cfg, group, train_loader, val_loader, tracker,
+                             progress=sys.stderr.isatty() or bool(os.environ.get("HYBRIDFLOW_PROGRESS")))
+        history = trainer.fit()
+        group.save_hf(t.hf_output_dir)
+    finally:
+        tracker.finish()
+        group.shutdown()
+        pool.release()
+    return {"history": history, "hf_dir": t.hf_output_dir, "steps": trainer.global_step}
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    summary = run(cfg)
+    print(f"done: {summary['steps']} SFT steps; HF checkpoint in {summary['hf_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

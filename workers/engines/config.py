@@ -1,0 +1,73 @@
+"""EngineConfig: the settings every training engine (FSDP2, Megatron) reads.
+
+One dataclass for both backends so a recipe switches ``strategy`` without renaming keys. Fields
+follow docs/contracts.md ("Training engine"); ``min_lr_ratio`` and ``adam_eps`` are additions
+with defaults that keep the textbook behaviour (cosine decays to 0, AdamW's usual eps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("fsdp", "megatron")
+PARAM_DTYPES = ("fp32", "bf16")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class EngineConfig:
+    strategy: str = "fsdp"
+    tp: int = 1
+    pp: int = 1
+    # "bf16": compute in bf16, keep fp32 master weights, fp32 optimizer state and fp32 gradient
+    # reduction. "fp32": everything in fp32 (the CPU default: CPU bf16 matmuls are slow).
+    param_dtype: str = "fp32"
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    total_steps: int = 0  # optimizer steps in the whole run; only the cosine schedule needs it
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    grad_clip: float = 1.0  # max global L2 norm of the gradient; <= 0 disables clipping
+    micro_batch_size_per_gpu: int = 4
+    gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+    seed: int = 0
+
+    def validate(self) -> "EngineConfig":
+        """Raise ValueError naming the offending field and how to fix it; return self if valid."""
+        def bad(field: str, value, fix: str):
+            raise ValueError(f"engine config: {field}={value!r} is invalid; {fix}")
+
+        if self.strategy not in STRATEGIES:
+            bad("strategy", self.strategy, f"use one of {STRATEGIES}")
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                bad(name, value, "use a positive integer")
+        if self.strategy == "fsdp" and (self.tp != 1 or self.pp != 1):
+            bad("tp/pp", (self.tp, self.pp), "the fsdp strategy shards data-parallel only: set tp=1 "
+                "and pp=1, or use strategy='megatron'")
+        if self.param_dtype not in PARAM_DTYPES:
+            bad("param_dtype", self.param_dtype, f"use one of {PARAM_DTYPES}")
+        if not self.lr > 0:
+            bad("lr", self.lr, "use a positive learning rate")
+        if self.weight_decay < 0:
+            bad("weight_decay", self.weight_decay, "use a value >= 0")
+        if len(tuple(self.betas)) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            bad("betas", self.betas, "use two numbers in [0, 1), e.g. (0.9, 0.999)")
+        if not self.adam_eps > 0:
+            bad("adam_eps", self.adam_eps, "use a small positive number such as 1e-8")
+        if self.warmup_steps < 0:
+            bad("warmup_steps", self.warmup_steps, "use 0 (no warm-up) or a positive step count")
+        if self.lr_schedule not in LR_SCHEDULES:
+            bad("lr_schedule", self.lr_schedule, f"use one of {LR_SCHEDULES}")
+        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            bad("total_steps", self.total_steps, f"the cosine schedule needs total_steps > warmup_steps "
+                f"({self.warmup_steps}); set it to the number of optimizer steps in the run")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            bad("min_lr_ratio", self.min_lr_ratio, "use a fraction in [0, 1]")
+        if not isinstance(self.micro_batch_size_per_gpu, int) or self.micro_batch_size_per_gpu < 1:
+            bad("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, "use a positive integer")
+        return self

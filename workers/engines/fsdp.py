@@ -1,0 +1,355 @@
+"""FSDPEngine: the TrainEngine protocol on HF models sharded with FSDP2 (``fully_shard``).
+
+Data-parallel only (every rank is its own dp rank and its output is collected). Each decoder layer
+is its own FSDP unit, the root unit holds embeddings, final norm and heads. Roles:
+
+- ``actor``/``ref``: ``AutoModelForCausalLM``; ``ref`` has no optimizer.
+- ``critic``: ``AutoModelForTokenClassification`` with ``num_labels=1`` loaded from the causal-LM
+  checkpoint: the backbone's weights load under the same ``model.`` prefix, the LM head is dropped
+  and a scalar ``score`` head is freshly initialised from ``config.seed`` (identical on every rank).
+  Its dropout is set to 0 so values are deterministic. The value of response token ``t`` is read
+  at position ``P + t - 1`` (the state before the token is generated), the same alignment as the
+  log-probs.
+
+Padding: by default each micro-batch is cut to the columns where any row has a real token
+(``active_span``: left prompt padding and right response padding beyond the longest response are
+never computed). With ``use_remove_padding`` all real tokens of a micro-batch are packed into one
+row whose position ids restart per sequence; transformers then builds a block-diagonal causal mask,
+so no padding token is computed at all. Outputs at response-padding positions are 0.
+
+``param_dtype="bf16"`` keeps fp32 sharded master weights and optimizer state and computes in bf16
+(FSDP2 ``MixedPrecisionPolicy``), reducing gradients in fp32.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from hybridflow import device as hf_device
+from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS, LossFn,
+                                  active_span, split_micro_batches)
+from workers.engines.config import EngineConfig
+from workers.engines.hf_export import write_hf_checkpoint
+from workers.engines.logprob import response_log_probs, response_logits
+from workers.engines.optim import build_optimizer, build_scheduler, load_scheduler_state
+
+ROLES = ("actor", "ref", "critic")
+
+if hf_device.device_type() == "cpu":
+    # Measured on this project's CPU machines: oneDNN's AMX bf16 kernels die with SIGILL although
+    # the CPU flags list AMX; capping the ISA keeps AVX512-BF16 (fp32 kernels do not use AMX).
+    # oneDNN reads this once, at its first kernel, so it must be set before any tensor math.
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+
+
+def _load_hf_model(model_path: str, role: str) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if role == "critic":
+        config = AutoConfig.from_pretrained(model_path)
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # the token-classification head otherwise defaults to 0.1
+        return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+
+
+def _aliased_parameter_names(model: torch.nn.Module) -> set[str]:
+    """Names that point at a parameter already seen under an earlier name (tied embeddings)."""
+    seen, aliases = set(), set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            aliases.add(name)
+        seen.add(id(param))
+    return aliases
+
+
+class FSDPEngine:
+    def __init__(self, config: EngineConfig, model_path: str, role: str):
+        self.config = config.validate()
+        if config.strategy != "fsdp":
+            raise ValueError(f"FSDPEngine got strategy={config.strategy!r}; set strategy='fsdp' or use the "
+                             "Megatron engine")
+        if role not in ROLES:
+            raise ValueError(f"FSDPEngine role={role!r} is unknown; use one of {ROLES}")
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPEngine needs an initialised torch.distributed world; call "
+                               "hybridflow.device.init_distributed() (or Worker.init_distributed()) first")
+        self.role, self.model_path = role, model_path
+        self.dp_rank, self.dp_size, self.is_collect = dist.get_rank(), dist.get_world_size(), True
+        self.device = hf_device.torch_device(int(os.environ.get("LOCAL_RANK", "0")))
+        self._offloaded = False
+
+        torch.manual_seed(config.seed)  # the critic's new head must start identical on all ranks
+        model = _load_hf_model(model_path, role)
+        model.config.use_cache = False
+        self.hf_config = model.config
+        self.architecture = type(model).__name__
+        self._alias_names = _aliased_parameter_names(model)
+        if config.gradient_checkpointing and role != "ref":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(self.device)
+        self.model = self._shard(model)
+
+        self.optimizer = self.scheduler = None
+        if role != "ref":
+            self.optimizer = build_optimizer(self.model.parameters(), config)
+            self.scheduler = build_scheduler(self.optimizer, config)
+
+    # ------------------------------------------------------------------ setup
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        mesh = init_device_mesh(hf_device.device_type(), (self.dp_size,), mesh_dim_names=("dp",))
+        if self.config.param_dtype == "bf16":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+        layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+        if not layers:
+            raise ValueError(f"FSDPEngine: found no decoder layers ({sorted(layer_classes)}) in "
+                             f"{self.architecture}; this engine supports HF decoder-only models")
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, micro, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
+        """Outputs for one micro-batch: log_probs (+entropy) or values, each ``[m, R]``."""
+        batch = micro.batch
+        input_ids = batch["input_ids"].to(self.device)
+        attention_mask = batch["attention_mask"].to(self.device)
+        position_ids = batch["position_ids"].to(self.device)
+        resp_len = batch["responses"].shape[1]
+        prompt_len = input_ids.shape[1] - resp_len
+        resp_real = attention_mask[:, prompt_len:].bool()
+        responses = input_ids[:, prompt_len:]
+        if self.config.use_remove_padding:
+            head = self._packed_head_inputs(input_ids, attention_mask, position_ids, prompt_len)
+        else:
+            head = self._padded_head_inputs(input_ids, attention_mask, position_ids, prompt_len)
+        # head: [m, R, V or 1] aligned so head[:, t] predicts response token t (padding rows may be junk)
+        out = {}
+        if self.role == "critic":
+            values = head[..., 0].float()
+            out["values"] = torch.where(resp_real, values, torch.zeros_like(values))
+            return out
+        log_probs, entropy = response_log_probs(head, responses, temperature, calculate_entropy)
+        out["log_probs"] = torch.where(resp_real, log_probs, torch.zeros_like(log_probs))
+        if entropy is not None:
+            out["entropy"] = torch.where(resp_real, entropy, torch.zeros_like(entropy))
+        return out
+
+    def _padded_head_inputs(self, input_ids, attention_mask, position_ids, prompt_len) -> Tensor:
+        resp_len = input_ids.shape[1] - prompt_len
+        start, end = active_span(attention_mask, prompt_len)
+        kwargs = dict(input_ids=input_ids[:, start:end], attention_mask=attention_mask[:, start:end],
+                      position_ids=position_ids[:, start:end])
+        kept = end - prompt_len  # response columns that hold a real token in some row
+        if self.role == "critic":
+            head = response_logits(self.model(**kwargs).logits, prompt_len - start, kept)
+        else:
+            # logits only for positions [P-1, end): the last one predicts past the span, drop it
+            head = self.model(**kwargs, logits_to_keep=kept + 1).logits[:, :kept]
+        if kept < resp_len:
+            head = torch.nn.functional.pad(head, (0, 0, 0, resp_len - kept))
+        return head
+
+    def _packed_head_inputs(self, input_ids, attention_mask, position_ids, prompt_len) -> Tensor:
+        real = attention_mask.bool()
+        packed_ids = input_ids[real].unsqueeze(0)
+        packed_pos = position_ids[real].unsqueeze(0)
+        # attention_mask=None + restarting position ids: transformers detects the packed sequences
+        # and masks attention block-diagonally (masking_utils.find_packed_sequence_indices).
+        logits = self.model(input_ids=packed_ids, position_ids=packed_pos, attention_mask=None).logits[0]
+        flat_index = real.flatten().cumsum(0).view_as(real) - 1
+        # a real response token's predecessor is the previous real token of the same row
+        src = (flat_index[:, prompt_len:] - 1).clamp(min=0)
+        return logits[src]
+
+    def _check_same_micro_count(self, count: int, what: str) -> None:
+        # Every forward all-gathers parameters, so ranks with different micro-batch counts would hang.
+        counts = torch.tensor([count, -count], device=self.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        if int(counts[0]) != -int(counts[1]):
+            raise ValueError(f"FSDPEngine.{what}: data-parallel ranks got different numbers of "
+                             f"micro-batches ({-int(counts[1])}..{int(counts[0])}); give every rank the "
+                             "same number of rows (DataProto.pad_to_divisor before chunking)")
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def _infer(self, data, temperature: float, calculate_entropy: bool, what: str) -> dict[str, Tensor]:
+        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
+        self._check_same_micro_count(len(micros), what)
+        self.model.eval()
+        parts = [self._forward(m, temperature, calculate_entropy) for m in micros]
+        return {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
+
+    def compute_log_prob(self, data, temperature: float,
+                         calculate_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        if self.role == "critic":
+            raise RuntimeError("FSDPEngine.compute_log_prob: a critic engine has no LM head; use compute_values")
+        out = self._infer(data, temperature, calculate_entropy, "compute_log_prob")
+        return out["log_probs"], out.get("entropy")
+
+    def compute_values(self, data) -> Tensor:
+        if self.role != "critic":
+            raise RuntimeError(f"FSDPEngine.compute_values: role {self.role!r} has no value head; build "
+                               "the engine with role='critic'")
+        return self._infer(data, 1.0, False, "compute_values")["values"]
+
+    # ------------------------------------------------------------------ training
+    def train_batch(self, data, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step on this rank's share of a mini-batch (see base.py for loss scaling).
+
+        ``data.meta_info`` may carry ``temperature`` (default 1.0) and ``calculate_entropy``.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("FSDPEngine.train_batch: the 'ref' role is frozen; build the engine with "
+                               "role='actor' or 'critic' to train")
+        rows = len(data)
+        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
+        self._check_same_micro_count(len(micros), "train_batch")
+        tokens = self._mini_batch_tokens(data)
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for micro in micros:
+            micro.meta_info.update({META_DP_SIZE: self.dp_size, META_MINI_BATCH_ROWS: rows,
+                                    META_GLOBAL_TOKENS: tokens})
+            micro = micro.to(self.device)
+            outputs = self._forward(micro, temperature, calculate_entropy)
+            loss, metrics = loss_fn(outputs, micro)
+            (loss * (len(micro) / rows)).backward()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * len(micro)
+
+        grad_norm = self._clip_grad_norm()
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        result = self._mean_over_ranks({k: v / rows for k, v in sums.items()}, rows)
+        result.update(grad_norm=grad_norm, lr=lr)
+        return result
+
+    def _mini_batch_tokens(self, data) -> int:
+        batch = data.batch
+        if "response_mask" in batch.keys():
+            mask = batch["response_mask"]
+        else:
+            mask = batch["attention_mask"][:, -batch["responses"].shape[1]:]
+        total = mask.sum().to(self.device, torch.float64).reshape(1)
+        dist.all_reduce(total)
+        return int(total.item())
+
+    def _clip_grad_norm(self) -> float:
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
+        """Row-weighted mean of each metric over the data-parallel ranks (same value everywhere)."""
+        gathered: list = [None] * self.dp_size
+        dist.all_gather_object(gathered, (rows, metrics))
+        total = sum(r for r, _ in gathered)
+        keys = sorted(set().union(*(m.keys() for _, m in gathered)))
+        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys}
+
+    # ------------------------------------------------------------------ weights out
+    def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Full tensors under HF names, gathered one parameter at a time (a collective: every rank
+        must consume the iterator in step). Tied copies (``lm_head.weight``) are left out, as in an
+        HF checkpoint of a tied model."""
+        for name, tensor in self.model.state_dict().items():
+            if name in self._alias_names:
+                continue
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, full.detach()
+
+    def save_hf(self, path: str) -> None:
+        """Rank 0 writes ``model.safetensors`` + config + tokenizer files; all ranks must call it."""
+        weights = ((n, t.cpu()) for n, t in self.export_hf_weights())
+        if self.dp_rank == 0:
+            write_hf_checkpoint(path, weights, self.hf_config, self.architecture, source_dir=self.model_path)
+        else:
+            for _ in weights:  # take part in each gather, keep nothing
+                pass
+        dist.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _state(self) -> dict:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model + optimizer (torch.distributed.checkpoint, one shard file per rank under
+        ``path/dcp``) and this rank's scheduler and RNG state (``path/extra_rank{r}.pt``)."""
+        os.makedirs(path, exist_ok=True)
+        dcp.save(self._state(), checkpoint_id=os.path.join(path, "dcp"))
+        extra = {"rng": hf_device.rng_state(), "world_size": self.dp_size,
+                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+        torch.save(extra, os.path.join(path, f"extra_rank{self.dp_rank}.pt"))
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        extra_file = os.path.join(path, f"extra_rank{self.dp_rank}.pt")
+        if not os.path.isdir(os.path.join(path, "dcp")) or not os.path.exists(extra_file):
+            raise FileNotFoundError(f"FSDPEngine.load_checkpoint: {path} has no dcp/ folder or no "
+                                    f"extra_rank{self.dp_rank}.pt; pass a folder written by save_checkpoint "
+                                    "with the same number of ranks")
+        state = self._state()
+        dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        extra = torch.load(extra_file, weights_only=False)
+        if self.scheduler is not None and extra["scheduler"] is not None:
+            load_scheduler_state(self.scheduler, extra["scheduler"])
+        hf_device.set_rng_state(extra["rng"])
+
+    # ------------------------------------------------------------------ memory
+    def offload(self) -> None:
+        """Move sharded parameters and optimizer state to host memory (GPU only; a no-op on CPU,
+        where training and rollout share the same host memory anyway)."""
+        if hf_device.device_type() == "cpu" or self._offloaded:
+            return
+        self._move(torch.device("cpu"))
+        hf_device.empty_cache()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        if hf_device.device_type() == "cpu" or not self._offloaded:
+            return
+        self._move(self.device)
+        self._offloaded = False
+
+    def _move(self, target: torch.device) -> None:
+        self.model.to(target)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, Tensor) and key != "step":
+                        state[key] = value.to(target, non_blocking=True)
+        hf_device.synchronize()

@@ -1,0 +1,47 @@
+"""Write an ordinary HF checkpoint (safetensors + config + tokenizer) from (name, tensor) pairs.
+
+Shared by the engines' ``save_hf``: the engine streams full tensors under HF names, rank 0 passes
+them here. Tokenizer files are copied byte for byte from the source checkpoint instead of
+re-saved through a tokenizer object, because transformers 5 re-saving can lose the markers that
+make a custom tokenizer load as itself (ENVIRONMENT.md, tokenizer trap).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from typing import Iterable
+
+import torch
+from safetensors.torch import save_file
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".safetensors.index.json", ".bin.index.json")
+
+
+def copy_tokenizer_files(source_dir: str, target_dir: str) -> list[str]:
+    """Copy every top-level file of ``source_dir`` that is not a weight file or config.json."""
+    copied = []
+    for name in sorted(os.listdir(source_dir)):
+        src = os.path.join(source_dir, name)
+        if not os.path.isfile(src) or name == "config.json" or name.endswith(WEIGHT_SUFFIXES):
+            continue
+        shutil.copy2(src, os.path.join(target_dir, name))
+        copied.append(name)
+    return copied
+
+
+def write_hf_checkpoint(path: str, tensors: Iterable[tuple[str, torch.Tensor]], hf_config,
+                        architecture: str, source_dir: str | None = None) -> None:
+    """Save ``tensors`` as ``model.safetensors`` plus ``config.json`` naming ``architecture``.
+
+    ``architecture`` is the model class name (e.g. ``Qwen2ForCausalLM``); it is passed explicitly
+    because a wrapped training model's class name (FSDP renames it) is not one transformers knows.
+    """
+    os.makedirs(path, exist_ok=True)
+    state = {name: t.detach().to("cpu").contiguous() for name, t in tensors}
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(hf_config)
+    config.architectures = [architecture]
+    config.save_pretrained(path)
+    if source_dir is not None:
+        copy_tokenizer_files(source_dir, path)

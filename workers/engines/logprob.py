@@ -1,0 +1,55 @@
+"""Response log-probabilities and entropy from logits (shared by the FSDP and Megatron engines).
+
+The alignment rule of docs/contracts.md: the log-prob of response token ``t`` (0-based) comes
+from the logits at sequence position ``P + t - 1`` divided by the sampling temperature, with
+``log_softmax`` over the full vocabulary. Computed as ``logit[label] - logsumexp(logits)`` so no
+``[.., V]`` log-softmax tensor is materialised besides the logits themselves.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def response_logits(logits: Tensor, prompt_length: int, response_length: int) -> Tensor:
+    """Slice ``[b, S, V]`` sequence logits to the ``[b, R, V]`` that predict the response tokens.
+
+    Position ``P + t - 1`` predicts token ``P + t``; so the slice is ``[P-1, P-1+R)``.
+    """
+    if prompt_length < 1:
+        raise ValueError(f"response_logits: prompt_length={prompt_length}; a response needs at least "
+                         "one prompt token before it")
+    if prompt_length - 1 + response_length > logits.shape[1]:
+        raise ValueError(f"response_logits: logits cover {logits.shape[1]} positions, need "
+                         f"{prompt_length - 1 + response_length} for P={prompt_length}, R={response_length}")
+    return logits[:, prompt_length - 1: prompt_length - 1 + response_length]
+
+
+def log_probs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """``log softmax(logits)[label]`` in fp32 for logits ``[..., V]`` and integer labels ``[...]``."""
+    logits = logits.float()
+    picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Shannon entropy of ``softmax(logits)`` in fp32: ``logsumexp(z) - sum(softmax(z) * z)``."""
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def response_log_probs(resp_logits: Tensor, responses: Tensor, temperature: float,
+                       calculate_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Log-probs ``[b, R]`` of ``responses`` (and entropy ``[b, R]`` if asked) from aligned logits.
+
+    ``resp_logits`` is ``[b, R, V]`` as returned by :func:`response_logits`. Both outputs are
+    computed from ``logits / temperature`` (the distribution the sampler drew from).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r}: log-probs need a positive sampling temperature "
+                         "(use 1.0 for greedy/unscaled)")
+    scaled = resp_logits.float() / temperature
+    log_probs = log_probs_from_logits(scaled, responses)
+    entropy = entropy_from_logits(scaled) if calculate_entropy else None
+    return log_probs, entropy

@@ -1,0 +1,303 @@
+"""MegatronEngine: the TrainEngine protocol with tensor (TP), pipeline (PP) and data (DP) parallelism.
+
+The model is ``workers.models.transformer.MegatronCausalLM`` (megatron-core TP layers; GPTModel
+needs CUDA), ranks are laid out by megatron-core's ``parallel_state`` (``rank = tp_rank + tp *
+(dp_rank + dp * pp_rank)``), micro-batches flow through the 1F1B schedule of megatron_pipeline.py.
+
+One optimizer step (``train_batch``), in order: 1F1B forward/backward of every micro-batch (each
+loss scaled by ``micro_rows / mini_rows``, base.py) -> tied-embedding gradient all-reduce between
+the first and last stage (PP > 1) -> gradient average over the DP group -> global grad-norm over
+the TP x PP ranks (replicated tensors counted once) -> clip -> AdamW -> LR schedule.
+Outputs (log-probs, values, metrics) are broadcast from the last stage, so every rank returns
+them; the collect rank is TP rank 0 of the last stage. ``param_dtype="bf16"``: bf16 parameters
+for compute, fp32 master weights, gradients reduced in fp32 (megatron's mixed-precision recipe).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from torch import Tensor
+
+from hybridflow import device as hf_device
+from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS, LossFn,
+                                  active_span, split_micro_batches)
+from workers.engines.config import EngineConfig
+from workers.engines.hf_export import write_hf_checkpoint
+from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
+from workers.engines.megatron_state import GradientSync, load_sharded, save_sharded
+from workers.engines.optim import build_optimizer, build_scheduler
+from workers.models.convert import export_hf, load_stage
+from workers.models.layout import ModelDims
+from workers.models.transformer import PARAM_DTYPES, MegatronCausalLM, parallel_config
+from workers.models.vocab_parallel import vocab_parallel_response_outputs
+
+ROLES = ("actor", "ref", "critic")
+
+
+def init_model_parallel(tp: int, pp: int) -> None:
+    """Build megatron-core's process groups once per process; refuse a different layout later."""
+    world = dist.get_world_size()
+    if world % (tp * pp):
+        raise ValueError(f"world size {world} is not tp*pp*dp for tp={tp}, pp={pp}: choose tp and pp whose "
+                         f"product divides the number of workers ({world})")
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise ValueError(f"this process already runs megatron with tp={have[0]}, pp={have[1]}; engines "
+                             f"sharing a process must use the same tp/pp (got tp={tp}, pp={pp})")
+        return
+    # gloo side groups are only for megatron's distributed optimizer, which is not used here
+    ps.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
+
+
+class MegatronEngine:
+    def __init__(self, config: EngineConfig, model_path: str, role: str):
+        self.config = config.validate()
+        if config.strategy != "megatron":
+            raise ValueError(f"MegatronEngine got strategy={config.strategy!r}; set strategy='megatron'")
+        if role not in ROLES:
+            raise ValueError(f"MegatronEngine role={role!r} is unknown; use one of {ROLES}")
+        if not dist.is_initialized():
+            raise RuntimeError("MegatronEngine needs an initialised torch.distributed world; call "
+                               "hybridflow.device.init_distributed() (or Worker.init_distributed()) first")
+        from transformers import AutoConfig
+
+        self.role, self.model_path = role, model_path
+        self.hf_config = AutoConfig.from_pretrained(model_path)
+        self.dims = ModelDims.from_hf(self.hf_config)
+        self.tp, self.pp = config.tp, config.pp
+        self.dims.check_parallel(self.tp, self.pp)
+        init_model_parallel(self.tp, self.pp)
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.is_last_stage = self.pp_rank == self.pp - 1
+        self.is_collect = self.tp_rank == 0 and self.is_last_stage
+        self.device = hf_device.torch_device(int(os.environ.get("LOCAL_RANK", "0")))
+        self._offloaded = False
+
+        torch.manual_seed(config.seed)  # the critic's fresh score head: identical on every rank
+        cfg = parallel_config(self.tp, self.pp, PARAM_DTYPES[config.param_dtype])
+        self.model = MegatronCausalLM(self.hf_config, self.dims, cfg, self.pp_rank,
+                                      head="value" if role == "critic" else "lm",
+                                      gradient_checkpointing=config.gradient_checkpointing and role != "ref")
+        load_stage(self.model, model_path, self.dims, self.tp, self.tp_rank, self.pp, self.pp_rank)
+        self.model.to(self.device)
+        if role == "ref":
+            self.model.requires_grad_(False)
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        self.link = StageLink(None if self.pp_rank == 0 else ps.get_pipeline_model_parallel_prev_rank(),
+                              None if self.is_last_stage else ps.get_pipeline_model_parallel_next_rank(),
+                              cfg.params_dtype, self.device)
+
+        self.optimizer = self.scheduler = self.grads = None
+        if role != "ref":
+            self.grads = GradientSync(self.model, self.dims, self.tp, self.pp, self.tp_rank, self.pp_rank)
+            self.optimizer = build_optimizer(self.grads.master_params, config)
+            self.scheduler = build_scheduler(self.optimizer, config)
+
+    # ------------------------------------------------------------------ one micro-batch on this stage
+    def _stage_forward(self, micro, hidden: Tensor | None, span: tuple[int, int]) -> Tensor:
+        batch = micro.batch
+        start, end = span
+        cols = slice(start, end)
+        return self.model(batch["input_ids"][:, cols].to(self.device), batch["position_ids"][:, cols].to(self.device),
+                          batch["attention_mask"][:, cols].to(self.device), hidden=hidden)
+
+    def _head_outputs(self, micro, hidden: Tensor, span: tuple[int, int], temperature: float,
+                      calculate_entropy: bool) -> dict[str, Tensor]:
+        """Last stage: ``[m, R]`` outputs; position ``P + t - 1`` is read for response token ``t``."""
+        batch = micro.batch
+        resp_len = batch["responses"].shape[1]
+        prompt_len = batch["input_ids"].shape[1] - resp_len
+        start, end = span
+        kept = end - prompt_len  # response columns that hold a real token in some row
+        head_in = hidden[:, prompt_len - 1 - start: prompt_len - 1 - start + kept]
+        resp_real = batch["attention_mask"][:, prompt_len:].to(self.device).bool()
+        pad = (0, resp_len - kept)
+        if self.role == "critic":
+            values = torch.nn.functional.pad(self.model.values(head_in).float(), pad)
+            return {"values": torch.where(resp_real, values, torch.zeros_like(values))}
+        labels = batch["input_ids"][:, prompt_len: prompt_len + kept].to(self.device)
+        log_probs, entropy = vocab_parallel_response_outputs(self.model.logits(head_in), labels, temperature,
+                                                             calculate_entropy)
+        out = {"log_probs": log_probs, "entropy": entropy} if entropy is not None else {"log_probs": log_probs}
+        out = {k: torch.nn.functional.pad(v, pad) for k, v in out.items()}
+        return {k: torch.where(resp_real, v, torch.zeros_like(v)) for k, v in out.items()}
+
+    def _plan(self, data):
+        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
+        resp_len = data.batch["responses"].shape[1]
+        prompt_len = data.batch["input_ids"].shape[1] - resp_len
+        spans = [active_span(m.batch["attention_mask"], prompt_len) for m in micros]
+
+        def shape_of(i: int) -> tuple[int, ...]:
+            return (len(micros[i]), spans[i][1] - spans[i][0], self.dims.hidden_size)
+        return micros, spans, shape_of
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def _infer(self, data, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
+        micros, spans, shape_of = self._plan(data)
+        self.model.eval()
+
+        def step(i: int, hidden: Tensor | None):
+            out = self._stage_forward(micros[i], hidden, spans[i])
+            if not self.is_last_stage:
+                return out
+            return self._head_outputs(micros[i], out, spans[i], temperature, calculate_entropy)
+
+        parts = forward_only(self.link, len(micros), shape_of, step)
+        keys = ["values"] if self.role == "critic" else ["log_probs"] + (["entropy"] if calculate_entropy else [])
+        resp_len = data.batch["responses"].shape[1]
+        out = {}
+        for key in keys:
+            tensor = (torch.cat([p[key] for p in parts]) if self.is_last_stage
+                      else torch.empty(len(data), resp_len, dtype=torch.float32, device=self.device))
+            if self.pp > 1:  # every stage returns the outputs (the collect rank is on the last one)
+                dist.broadcast(tensor, src=ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+            out[key] = tensor.cpu()
+        return out
+
+    def compute_log_prob(self, data, temperature: float,
+                         calculate_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        if self.role == "critic":
+            raise RuntimeError("MegatronEngine.compute_log_prob: a critic engine has no LM head; use compute_values")
+        out = self._infer(data, temperature, calculate_entropy)
+        return out["log_probs"], out.get("entropy")
+
+    def compute_values(self, data) -> Tensor:
+        if self.role != "critic":
+            raise RuntimeError(f"MegatronEngine.compute_values: role {self.role!r} has no value head; build "
+                               "the engine with role='critic'")
+        return self._infer(data, 1.0, False)["values"]
+
+    # ------------------------------------------------------------------ training
+    def train_batch(self, data, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step on this rank's share of a mini-batch (loss scaling: base.py).
+
+        ``data.meta_info`` may carry ``temperature`` (default 1.0) and ``calculate_entropy``.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("MegatronEngine.train_batch: the 'ref' role is frozen; build the engine with "
+                               "role='actor' or 'critic' to train")
+        rows = len(data)
+        micros, spans, shape_of = self._plan(data)
+        tokens = self._mini_batch_tokens(data)
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        for micro in micros:
+            micro.meta_info.update({META_DP_SIZE: self.dp_size, META_MINI_BATCH_ROWS: rows,
+                                    META_GLOBAL_TOKENS: tokens})
+
+        def step(i: int, hidden: Tensor | None):
+            out = self._stage_forward(micros[i], hidden, spans[i])
+            if not self.is_last_stage:
+                return out
+            outputs = self._head_outputs(micros[i], out, spans[i], temperature, calculate_entropy)
+            loss, metrics = loss_fn(outputs, micros[i].to(self.device))
+            return loss * (len(micros[i]) / rows), {k: float(v) for k, v in metrics.items()}
+
+        self.model.train()
+        self.grads.zero()
+        results = forward_backward_1f1b(self.link, len(micros), shape_of, step, self.pp_rank, self.pp)
+        grad_norm = self.grads.reduce_and_clip(self.config.grad_clip)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.grads.copy_master_to_model()
+        # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.grads.zero()
+        sums: dict[str, float] = {}
+        for micro, metrics in zip(micros, results):
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value * len(micro)
+        result = self._mean_over_ranks({k: v / rows for k, v in sums.items()}, rows)
+        result.update(grad_norm=grad_norm, lr=lr)
+        return result
+
+    def _mini_batch_tokens(self, data) -> int:
+        batch = data.batch
+        mask = batch["response_mask"] if "response_mask" in batch.keys() else \
+            batch["attention_mask"][:, -batch["responses"].shape[1]:]
+        total = mask.sum().to(self.device, torch.float64).reshape(1)
+        dist.all_reduce(total, group=ps.get_data_parallel_group())
+        return int(total.item())
+
+    def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
+        """Metrics exist on the last stage: broadcast them over the pipeline, then take the
+        row-weighted mean over the DP ranks (the same dict on every rank)."""
+        if self.pp > 1:
+            box = [metrics]
+            dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+            metrics = box[0]
+        gathered: list = [None] * self.dp_size
+        dist.all_gather_object(gathered, (rows, metrics), group=ps.get_data_parallel_group())
+        total = sum(r for r, _ in gathered)
+        keys = sorted(set().union(*(m.keys() for _, m in gathered)))
+        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys}
+
+    # ------------------------------------------------------------------ weights out
+    def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Full tensors under HF names, one at a time, on every rank (a collective: all ranks must
+        consume it in step). Tied models yield no ``lm_head.weight``, as their HF checkpoints."""
+        yield from export_hf(self.model, self.dims, self.tp, self.pp, self.pp_rank,
+                             ps.get_tensor_model_parallel_group(), self.pp_group, self.device)
+
+    def _hf_architecture(self) -> str:
+        arch = self.dims.architecture
+        return arch.replace("ForCausalLM", "ForTokenClassification") if self.role == "critic" else arch
+
+    def save_hf(self, path: str) -> None:
+        """Global rank 0 writes ``model.safetensors`` + config + tokenizer; all ranks must call it."""
+        weights = ((n, t.cpu()) for n, t in self.export_hf_weights())
+        if dist.get_rank() == 0:
+            hf_config = self.hf_config
+            if self.role == "critic":
+                hf_config = type(self.hf_config).from_dict({**self.hf_config.to_dict(), "num_labels": 1})
+            write_hf_checkpoint(path, weights, hf_config, self._hf_architecture(), source_dir=self.model_path)
+        else:
+            for _ in weights:  # take part in each gather/broadcast, keep nothing
+                pass
+        dist.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str) -> None:
+        """Per-rank ``path/megatron/tp{t}_pp{p}.pt`` (model, fp32 master weights, optimizer,
+        scheduler, RNG), written by DP rank 0 (DP replicas are identical) + ``layout.json``."""
+        save_sharded(self, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        load_sharded(self, path)
+
+    # ------------------------------------------------------------------ memory
+    def offload(self) -> None:
+        """Move parameters and optimizer state to host memory (GPU only; a no-op on CPU)."""
+        if hf_device.device_type() == "cpu" or self._offloaded:
+            return
+        self._move(torch.device("cpu"))
+        hf_device.empty_cache()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        if hf_device.device_type() == "cpu" or not self._offloaded:
+            return
+        self._move(self.device)
+        self._offloaded = False
+
+    def _move(self, target: torch.device) -> None:
+        self.model.to(target)
+        if self.grads is not None:
+            self.grads.move_master(target)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, Tensor) and key != "step":
+                        state[key] = value.to(target, non_blocking=True)
+        hf_device.synchronize()

@@ -1,0 +1,133 @@
+"""Gradient reduction, clipping and sharded checkpoints of the Megatron engine.
+
+GradientSync owns the fp32 master weights the optimizer steps (the model parameters themselves
+when training in fp32) and the reduction order of one step: tied-embedding all-reduce between
+first and last stage -> DP average -> global norm over TP x PP -> clip.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from hybridflow import device as hf_device
+from workers.models.layout import ModelDims, param_specs
+
+EMBEDDING = "embedding.word_embeddings.weight"
+OUTPUT = "output_layer.weight"
+
+
+class GradientSync:
+    def __init__(self, model: nn.Module, dims: ModelDims, tp: int, pp: int, tp_rank: int, pp_rank: int):
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.tp_rank = tp_rank
+        # tensors split over TP (each rank's shard counts in the norm); the rest are replicated
+        self.tp_split = {s.name for s in param_specs(dims, tp, pp, pp_rank) if s.split_dim is not None} | {OUTPUT}
+        lm_head = getattr(model, "head", "lm") == "lm"
+        self.tied_pp = dims.tied_embeddings and pp > 1 and lm_head
+        # the last stage's copy of a tied embedding: stage 0's copy alone counts in the norm
+        self.shared_copy = OUTPUT if self.tied_pp and pp_rank == pp - 1 else None
+        self.mixed = any(p.dtype != torch.float32 for _, p in self.named)
+        self.master_params = ([nn.Parameter(p.detach().float().clone()) for _, p in self.named]
+                              if self.mixed else [p for _, p in self.named])
+
+    def zero(self) -> None:
+        for (_, p), m in zip(self.named, self.master_params):
+            p.grad = None
+            m.grad = None
+
+    @torch.no_grad()
+    def reduce_and_clip(self, max_norm: float) -> float:
+        """Reduce gradients into the master params' ``.grad`` (fp32) and clip; return the norm
+        before clipping (torch.nn.utils.clip_grad_norm_'s convention, coefficient max/(norm+1e-6))."""
+        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).float() for _, p in self.named]
+        if self.tied_pp and ps.is_rank_in_embedding_group():
+            for (name, _), g in zip(self.named, grads):
+                if name in (EMBEDDING, OUTPUT):  # one logical tensor used at both ends of the pipeline
+                    dist.all_reduce(g, group=ps.get_embedding_group())
+        dp = ps.get_data_parallel_world_size()
+        if dp > 1 and grads:
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=ps.get_data_parallel_group())
+            flat.div_(dp)
+            for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
+        square = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
+        for (name, _), g in zip(self.named, grads):
+            if name == self.shared_copy or (name not in self.tp_split and self.tp_rank != 0):
+                continue
+            square += g.double().pow(2).sum()
+        if ps.get_model_parallel_group() is not None and dist.get_world_size(ps.get_model_parallel_group()) > 1:
+            dist.all_reduce(square, group=ps.get_model_parallel_group())
+        norm = float(square.sqrt())
+        if max_norm > 0 and math.isfinite(norm):
+            coef = max_norm / (norm + 1e-6)
+            if coef < 1.0:
+                for g in grads:
+                    g.mul_(coef)
+        for m, g in zip(self.master_params, grads):
+            m.grad = g
+        return norm
+
+    @torch.no_grad()
+    def copy_master_to_model(self) -> None:
+        if self.mixed:
+            for (_, p), m in zip(self.named, self.master_params):
+                p.copy_(m)
+
+    def move_master(self, target: torch.device) -> None:
+        if self.mixed:
+            for m in self.master_params:
+                m.data = m.data.to(target)
+
+
+def _layout(engine) -> dict:
+    return {"tp": engine.tp, "pp": engine.pp, "architecture": engine.dims.architecture,
+            "num_layers": engine.dims.num_layers, "role": engine.role}
+
+
+def save_sharded(engine, path: str) -> None:
+    folder = os.path.join(path, "megatron")
+    os.makedirs(folder, exist_ok=True)
+    if engine.dp_rank == 0:  # DP replicas hold identical model and optimizer state
+        state = {"model": engine.model.state_dict(), "rng": hf_device.rng_state()}
+        if engine.optimizer is not None:
+            state["optimizer"] = engine.optimizer.state_dict()
+            state["scheduler"] = engine.scheduler.state_dict()
+            state["master"] = [m.detach().cpu() for m in engine.grads.master_params] if engine.grads.mixed else None
+        torch.save(state, os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.pp_rank}.pt"))
+    if dist.get_rank() == 0:
+        with open(os.path.join(folder, "layout.json"), "w") as f:
+            json.dump(_layout(engine), f)
+    dist.barrier()
+
+
+def load_sharded(engine, path: str) -> None:
+    folder = os.path.join(path, "megatron")
+    layout_file = os.path.join(folder, "layout.json")
+    if not os.path.exists(layout_file):
+        raise FileNotFoundError(f"MegatronEngine.load_checkpoint: {layout_file} is missing; pass a folder "
+                                "written by MegatronEngine.save_checkpoint")
+    with open(layout_file) as f:
+        saved = json.load(f)
+    if (saved["tp"], saved["pp"]) != (engine.tp, engine.pp):
+        raise ValueError(f"checkpoint {path} was saved with tp={saved['tp']}, pp={saved['pp']} but this engine runs "
+                         f"tp={engine.tp}, pp={engine.pp}: resume with the same tp/pp, or start from an HF export "
+                         "(save_hf) of it")
+    state = torch.load(os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.pp_rank}.pt"),
+                       map_location="cpu", weights_only=False)
+    engine.model.load_state_dict(state["model"])
+    if engine.optimizer is not None and "optimizer" in state:
+        if engine.grads.mixed:
+            with torch.no_grad():
+                for m, saved_m in zip(engine.grads.master_params, state["master"]):
+                    m.copy_(saved_m)
+        engine.optimizer.load_state_dict(state["optimizer"])
+        engine.scheduler.load_state_dict(state["scheduler"])
+    hf_device.set_rng_state(state["rng"])
