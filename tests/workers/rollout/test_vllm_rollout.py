@@ -1,0 +1,162 @@
+"""vLLM rollout as an SPMD program in a real 2-process gloo world, checked against transformers.
+
+One engine per spawned world is reused for every check (engine start dominates the cost):
+greedy equals the HF rollout; sampled log-probs equal a full HF forward; after update_weights
+both equal the *new* weights' (tied and untied heads); bad settings fail with clear errors.
+TP=1 runs as generation DP=2 (two engines, each generating its own share of the prompts).
+"""
+import os
+
+import pytest
+import torch
+
+from hybridflow.protocol import DataProto
+from tests.distributed import run_distributed
+from tests.workers.rollout.common import (MODELS, PROMPT_LEN, RESPONSE_LEN, assert_layout,
+                                          load_hf, make_checkpoints, make_prompts,
+                                          reference_log_probs)
+from workers.rollout.base import RolloutConfig
+from workers.rollout.hf_rollout import HFRollout
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+SAMPLE_STOPS = list(range(3, 40))  # with these, sampled lengths range from 1 to max_tokens
+HF_CONFIG = RolloutConfig(name="hf", prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
+
+
+def _config(tp: int) -> RolloutConfig:
+    return RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
+                         tensor_model_parallel_size=tp, kv_cache_gib=1, seed=0)
+
+
+def _rollout_worker(rank, world, tp, models):
+    """Runs on every rank: for each model (one engine each, engines coexist in the process),
+    generate this dp rank's share under several settings, update the weights, generate again."""
+    from safetensors.torch import load_file
+
+    from workers.rollout.vllm_rollout import VLLMRollout
+
+    results, engines = {}, []
+    for name, (old_path, new_path, stop_first) in models.items():
+        errors = {}
+        try:
+            VLLMRollout(_config(3), old_path)
+        except ValueError as e:
+            errors["tp"] = str(e)
+        rollout = VLLMRollout(_config(tp), old_path)
+        # keep every engine alive: an engine's teardown destroys vLLM's process-wide parallel
+        # groups, which the next engine in this process shares
+        engines.append(rollout)
+        share = make_prompts(old_path).chunk(rollout.dp_size)[rollout.dp_rank]
+        try:
+            too_long = make_prompts(old_path, texts=["x" * (PROMPT_LEN + 3)], prompt_len=PROMPT_LEN + 3)
+            rollout.generate_sequences(too_long)
+        except ValueError as e:
+            errors["prompt"] = str(e)
+
+        def run(**meta):
+            share.meta_info = meta
+            # numpy, not tensors: tensors cross the result queue as shared-memory handles that
+            # die with this process
+            return {k: v.numpy() for k, v in rollout.generate_sequences(share).batch.items()}
+
+        result = {
+            "layout": (rollout.dp_rank, rollout.dp_size, rollout.is_collect),
+            "errors": errors,
+            "greedy": run(do_sample=False),
+            "stop": run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6),
+            "sample": run(n=4, temperature=1.0, stop_token_ids=SAMPLE_STOPS),
+            "sample_t07": run(n=2, temperature=0.7),
+        }
+        rollout.update_weights(load_file(f"{new_path}/model.safetensors").items())
+        result["greedy_new"] = run(do_sample=False)
+        result["sample_new"] = run(n=4, temperature=1.0)
+        results[name] = result
+    return results
+
+
+def _gather(results, key, prompts: DataProto, n: int = 1) -> DataProto:
+    """Concatenate the collect ranks' outputs in dp order (what the controller does)."""
+    parts = sorted((r["layout"][0], r[key]) for r in results if r["layout"][2])
+    tensors = {k: torch.cat([torch.from_numpy(p[k]) for _, p in parts]) for k in parts[0][1]}
+    uids = [u for u in prompts.non_tensor_batch["uid"] for _ in range(n)]
+    return DataProto.from_dict(tensors, {"uid": uids})
+
+
+# Which models share one spawned world: both, so each world builds two engines one after another
+# (engine start dominates the cost) and checks they do not interfere.
+SPAWN_GROUPS = {1: [tuple(MODELS)], 2: [tuple(MODELS)]}
+
+
+@pytest.fixture(scope="module")
+def spawn_cache(tmp_path_factory):
+    return {"root": tmp_path_factory.mktemp("vllm_rollout")}
+
+
+def _spawned(cache, tp: int, model_name: str):
+    """((old, new, stop_first), per-rank results) of a model, spawning its group's world once."""
+    group = next(g for g in SPAWN_GROUPS[tp] if model_name in g)
+    if (tp, group) not in cache:
+        models = {}
+        for name in group:
+            old_path, new_path = make_checkpoints(cache["root"] / f"tp{tp}", name)
+            greedy = HFRollout(load_hf(old_path), HF_CONFIG).generate_sequences(
+                make_prompts(old_path, meta={"do_sample": False}))
+            models[name] = (old_path, new_path, int(greedy.batch["responses"][0, 0]))
+        per_rank = run_distributed(_rollout_worker, 2, tp, models, timeout_s=500)
+        cache[(tp, group)] = {name: (models[name], [r[name] for r in per_rank]) for name in group}
+    return cache[(tp, group)][model_name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1-dp2", "tp2-dp1"])
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
+    (old_path, new_path, stop_first), results = _spawned(spawn_cache, tp, model_name)
+    hf_old, hf_new = load_hf(old_path), load_hf(new_path)
+    config = HF_CONFIG
+    hf = HFRollout(hf_old, config)
+    prompts = make_prompts(old_path, meta={"do_sample": False})
+    hf_greedy = hf.generate_sequences(prompts)
+
+    assert [r["layout"] for r in results] == [(rank // tp, 2 // tp, rank % tp == 0) for rank in range(2)]
+    for r in results:
+        assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
+        assert "rollout.prompt_length=12" in r["errors"]["prompt"]
+    if tp == 2:  # both ranks of one TP group return the same tokens
+        assert (results[0]["sample"]["responses"] == results[1]["sample"]["responses"]).all()
+    eos, pad = hf.eos_token_ids, hf.pad_token_id
+
+    greedy = _gather(results, "greedy", prompts)
+    assert torch.equal(greedy.batch["input_ids"], hf_greedy.batch["input_ids"])
+    assert torch.equal(greedy.batch["response_mask"], hf_greedy.batch["response_mask"])
+    torch.testing.assert_close(greedy.batch["rollout_log_probs"], hf_greedy.batch["rollout_log_probs"],
+                               atol=1e-4, rtol=0)
+
+    stop = _gather(results, "stop", prompts)
+    hf_stop = hf.generate_sequences(make_prompts(old_path, meta={
+        "do_sample": False, "stop_token_ids": [stop_first], "max_tokens": 6}))
+    assert torch.equal(stop.batch["input_ids"], hf_stop.batch["input_ids"])
+    assert stop.batch["response_mask"][0].tolist() == [1] + [0] * (RESPONSE_LEN - 1)  # EOS first
+    assert 6 in stop.batch["response_mask"].sum(1).tolist()  # cut at max_tokens
+
+    sample = _gather(results, "sample", prompts, n=4)
+    assert_layout(sample, prompts, 4, set(SAMPLE_STOPS) | set(eos), pad)
+    lengths = sample.batch["response_mask"].sum(1)
+    assert lengths.min() < RESPONSE_LEN and lengths.max() > 1
+    torch.testing.assert_close(sample.batch["rollout_log_probs"], reference_log_probs(hf_old, sample),
+                               atol=1e-4, rtol=0)
+    t07 = _gather(results, "sample_t07", prompts, n=2)
+    assert_layout(t07, prompts, 2, set(eos), pad)
+    torch.testing.assert_close(t07.batch["rollout_log_probs"],
+                               reference_log_probs(hf_old, t07, temperature=0.7), atol=1e-4, rtol=0)
+
+    # after update_weights: the new weights' greedy text and log-probs (tied head re-tied)
+    hf_greedy_new = HFRollout(hf_new, config).generate_sequences(prompts)
+    greedy_new = _gather(results, "greedy_new", prompts)
+    assert torch.equal(greedy_new.batch["input_ids"], hf_greedy_new.batch["input_ids"])
+    sample_new = _gather(results, "sample_new", prompts, n=4)
+    torch.testing.assert_close(sample_new.batch["rollout_log_probs"],
+                               reference_log_probs(hf_new, sample_new), atol=1e-4, rtol=0)
+    assert not torch.equal(greedy_new.batch["responses"], greedy.batch["responses"])

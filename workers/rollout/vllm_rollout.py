@@ -1,0 +1,214 @@
+"""vLLM generation as an SPMD program inside a worker group's torch.distributed world.
+
+Every rank of the group builds one ``vllm.LLM`` with ``distributed_executor_backend=
+"external_launcher"``: vLLM then runs in this process and reuses the already-initialised world
+instead of spawning its own workers. Consecutive ranks form one generation TP group
+(``tp_g = rollout.tensor_model_parallel_size``); each group is one engine and one generation-DP
+rank. All ranks of a TP group must be given the same prompts (the controller dispatches by
+``dp_rank``) and are seeded alike, so they sample the same tokens.
+
+What differs from plain ``LLM.generate``:
+- prompts go in as token ids and the engine never loads a tokenizer (``skip_tokenizer_init``):
+  transformers 5 builds the wrong tokenizer class for custom tokenizers (ENVIRONMENT.md). EOS
+  ids are therefore passed as ``stop_token_ids`` on every request.
+- log-probs come from ``logprobs_mode="processed_logprobs"``: the distribution after temperature
+  and top-k/top-p, i.e. what the token was sampled from (vLLM's default reports raw logits'
+  log-probs, which ignores the temperature).
+- ``update_weights`` reloads HF-named full tensors in place and then re-ties a tied LM head (see
+  :func:`_retie_lm_head`).
+
+Memory policy: on GPU ``release_memory`` puts the engine to sleep (level 1: weights offloaded to
+host, KV cache freed) and ``resume_memory`` wakes it. vLLM ignores sleep on CPU, so there both
+are no-ops: the KV cache is a fixed ``rollout.kv_cache_gib`` allocation made once at start-up,
+and weights stay resident; size ``kv_cache_gib`` so that it and the training state fit in RAM.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.device import device_type
+from hybridflow.protocol import DataProto
+from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
+                                  prompt_token_lists, resolve_sampling, special_token_ids,
+                                  truncate_at_stop)
+
+GiB = 1 << 30
+
+
+def check_generation_tp(tp_size: int, world_size: int, num_attention_heads: int) -> None:
+    """Fail early, in one line, on a generation TP size vLLM cannot shard the model with."""
+    if world_size % tp_size:
+        raise ValueError(f"rollout.tensor_model_parallel_size={tp_size} must divide the worker "
+                         f"group's world size {world_size}; pick a divisor of {world_size}")
+    if num_attention_heads % tp_size:
+        raise ValueError(f"rollout.tensor_model_parallel_size={tp_size} must divide the model's "
+                         f"num_attention_heads={num_attention_heads}")
+
+
+_ENGINES_IN_PROCESS = 0
+
+
+def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
+    """Give vLLM's CPU shared-memory TP communicator a name unique to this world and engine.
+
+    vLLM derives the name from the init method, which under external_launcher is always
+    "env://", so two worlds on one machine, two TP engines in one process, or a segment left in
+    /dev/shm by a killed run all collide (``create shm in SHMManager failed. errno: 17``).
+    MASTER_PORT identifies the world (same on all its ranks, distinct between live worlds); the
+    ordinal separates engines built one after another in the same processes.
+    """
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    world_id = f"hf{os.environ.get('MASTER_PORT', '0')}e{engine_ordinal}"
+
+    def make_group_name(communicator) -> str:
+        ranks = "-".join(str(r) for r in communicator.ranks)
+        return f"{world_id}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+
+
+def _retie_lm_head(worker) -> int:
+    """Runs inside vLLM's worker (via collective_rpc): make a tied LM head use the new embedding.
+
+    vLLM ties by sharing the embedding's Parameter with the LM head, and on CPU the LM head's
+    GEMM runs on a packed copy of that weight made at load time. An in-place reload skips
+    ``lm_head.weight`` (tied checkpoints have none), so the head keeps the old packed copy and
+    log-probs stay those of the old weights. Re-sharing the Parameter and re-running the head's
+    ``process_weights_after_loading`` rebuilds the packed copy from the new embedding.
+    Returns the number of heads re-tied.
+    """
+    model = worker.model_runner.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is None or embed is None or not hasattr(lm_head, "quant_method"):
+        return 0
+    lm_head.weight = embed.weight
+    lm_head.quant_method.process_weights_after_loading(lm_head)
+    return 1
+
+
+def _engine_dtype(dtype: str, hf_config) -> str:
+    """``auto`` means the checkpoint's dtype here (vLLM's own ``auto`` picks bfloat16 on CPU,
+    which would silently diverge from an fp32 trainer)."""
+    if dtype != "auto":
+        return dtype
+    ckpt = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    return str(ckpt).removeprefix("torch.") if ckpt is not None else "auto"
+
+
+class VLLMRollout:
+    """The Rollout protocol (workers/rollout/base.py) on one vLLM engine per generation TP group.
+
+    Several instances may live in one process (built one after another, same TP size), but keep
+    each alive while any is in use: an engine's teardown destroys vLLM's process-wide parallel
+    groups, which the others share.
+    """
+
+    def __init__(self, config: RolloutConfig, model_path: str):
+        from transformers import AutoConfig, GenerationConfig
+        from vllm import LLM
+
+        if not dist.is_initialized():
+            raise RuntimeError("VLLMRollout needs the worker group's torch.distributed world: "
+                               "call hybridflow.device.init_distributed() first")
+        self.config = config
+        rank, world = dist.get_rank(), dist.get_world_size()
+        hf_config = AutoConfig.from_pretrained(model_path)
+        tp = config.tensor_model_parallel_size
+        check_generation_tp(tp, world, hf_config.num_attention_heads)
+        self.dp_rank, self.dp_size, self.is_collect = generation_layout(rank, world, tp)
+        try:
+            gen_config = GenerationConfig.from_pretrained(model_path)
+        except OSError:  # no generation_config.json
+            gen_config = None
+        self.pad_token_id, self.eos_token_ids = special_token_ids(hf_config, gen_config)
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self._on_gpu = device_type() == "cuda"
+
+        global _ENGINES_IN_PROCESS
+        _ENGINES_IN_PROCESS += 1
+        engine_kwargs = {}
+        if self._on_gpu:
+            engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
+                                 enable_sleep_mode=True)
+        else:
+            _isolate_cpu_shm_names(_ENGINES_IN_PROCESS)
+            if config.kv_cache_gib is not None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                engine_kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+        self.llm = LLM(
+            model=model_path,
+            tensor_parallel_size=tp,
+            distributed_executor_backend="external_launcher",
+            enforce_eager=config.enforce_eager,
+            dtype=_engine_dtype(config.dtype, hf_config),
+            # same seed within a TP group (its ranks must sample identical tokens), a different
+            # stream per generation-DP rank.
+            seed=config.seed + self.dp_rank,
+            skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs",
+            max_model_len=config.prompt_length + config.response_length,
+            max_num_seqs=config.max_num_seqs,
+            **engine_kwargs,
+        )
+        self._asleep = False
+
+    # ------------------------------------------------------------------ generation
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate n responses per prompt for this generation-DP rank's share of the batch."""
+        from vllm import SamplingParams
+
+        settings = resolve_sampling(self.config, prompts.meta_info, self.eos_token_ids)
+        token_lists = prompt_token_lists(prompts, self.config.prompt_length)
+        params = SamplingParams(
+            n=settings.n,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            max_tokens=settings.max_tokens,
+            stop_token_ids=list(settings.stop_token_ids),
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params,
+                                    use_tqdm=False)
+        samples = []
+        for out in outputs:
+            per_prompt = []
+            for comp in sorted(out.outputs, key=lambda c: c.index):
+                tokens = list(comp.token_ids)
+                lps = [step[tok].logprob for tok, step in zip(tokens, comp.logprobs)]
+                per_prompt.append(truncate_at_stop(tokens, lps, settings.stop_token_ids,
+                                                   settings.max_tokens))
+            samples.append(per_prompt)
+        return build_rollout_batch(prompts, samples, self.config.response_length,
+                                   self.pad_token_id)
+
+    # ------------------------------------------------------------------ weights and memory
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named full tensors in place (vLLM shards them for this TP rank)."""
+        if self._asleep:
+            raise RuntimeError("VLLMRollout.update_weights: call resume_memory() first")
+        # external_launcher runs the RPC in this process, so a lazy iterator is passed through
+        # as is: the caller's tensors are consumed one at a time, never all held at once
+        weights = ((name, t.detach()) for name, t in weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.tied:
+            self.llm.collective_rpc(_retie_lm_head)
+        # cached KV blocks were computed with the old weights
+        self.llm.reset_prefix_cache()
+
+    def release_memory(self) -> None:
+        """GPU: sleep (offload weights, free KV cache). CPU: no-op (see module docstring)."""
+        if self._on_gpu and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def resume_memory(self) -> None:
+        if self._on_gpu and self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
