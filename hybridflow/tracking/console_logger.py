@@ -20,6 +20,15 @@ COLUMNS: list[tuple[str, str]] = [
     ("actor/grad_norm", "grad_norm"),
     ("timing_s/step", "step_s"),
 ]
+# The SFT trainer logs other metrics; the table shows whichever set the first step fills best.
+SFT_COLUMNS: list[tuple[str, str]] = [
+    ("step", "step"),
+    ("train/nll", "nll"),
+    ("val/nll", "val_nll"),
+    ("train/lr", "lr"),
+    ("train/grad_norm", "grad_norm"),
+    ("timing_s/step", "step_s"),
+]
 WIDTH = 11
 
 
@@ -40,6 +49,7 @@ class ConsoleLogger:
         self._stream = stream
         self._header_every = header_every
         self._rows = 0
+        self._columns: list[tuple[str, str]] | None = None
 
     def _out(self) -> TextIO:
         # Resolved per call, not at construction: pytest's capsys and Ray's log redirection
@@ -48,9 +58,11 @@ class ConsoleLogger:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         out = self._out()
+        if self._columns is None:
+            self._columns = max((COLUMNS, SFT_COLUMNS), key=lambda cols: sum(k in metrics for k, _ in cols))
         if self._rows % self._header_every == 0:
-            print(" ".join(title.rjust(WIDTH) for _, title in COLUMNS), file=out)
-        values = [step if key == "step" else metrics.get(key) for key, _ in COLUMNS]
+            print(" ".join(title.rjust(WIDTH) for _, title in self._columns), file=out)
+        values = [step if key == "step" else metrics.get(key) for key, _ in self._columns]
         print(" ".join(_cell(v) for v in values), file=out, flush=True)
         self._rows += 1
 

@@ -1,0 +1,235 @@
+"""RL prompt data sets in verl's schema, read from parquet or jsonl.
+
+A row is ``{"data_source": str, "prompt": [{"role", "content"}, ...] | str,
+"reward_model": {"ground_truth": ...}, "extra_info": dict (optional)}``; other columns are kept
+out of the batch. Every prompt is tokenized once, up front, so filtering is exact and its count
+is known before training starts (verl filters the same way).
+
+What differs from a plain text data set:
+- A list of messages goes through the tokenizer's chat template with the generation prompt
+  appended; a tokenizer without a template gets the message contents joined by newlines. A plain
+  string is used verbatim (never templated): that is how a user feeds a base model raw text.
+- Prompts are left-padded to ``max_prompt_length`` (the generation engine continues right after
+  the last real token) and ``position_ids = clamp(cumsum(attention_mask) - 1, 0)``.
+- Nothing is shortened silently: an overlong prompt is dropped (``filter_overlong_prompts``, the
+  count is logged), or truncated only when ``truncation`` asks for it (the count is logged), or
+  else it is an error naming the file, the row and the key.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+def read_rows(path: str) -> list[dict]:
+    """All rows of one ``.parquet`` or ``.jsonl``/``.json`` file as plain Python dicts/lists."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data file {path!r} does not exist: check data.train_files / data.val_files")
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".parquet":
+        import pyarrow.parquet as pq
+
+        # to_pylist keeps nested lists/structs as Python lists/dicts (pandas would give ndarrays).
+        return pq.read_table(path).to_pylist()
+    if ext in (".jsonl", ".json"):
+        rows = []
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
+                                     "jsonl files need one JSON object per line") from None
+        return rows
+    raise ValueError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet or .jsonl")
+
+
+def _row_error(path: str, row: int, key: str, problem: str) -> ValueError:
+    return ValueError(f"{path}: row {row}: key {key!r} {problem}")
+
+
+def validate_row(row: Any, path: str, index: int, prompt_key: str) -> None:
+    """Raise a ValueError naming file, row and key when ``row`` does not follow the schema."""
+    if not isinstance(row, Mapping):
+        raise ValueError(f"{path}: row {index} is a {type(row).__name__}, expected an object with "
+                         f"keys data_source, {prompt_key}, reward_model")
+    for key in ("data_source", prompt_key, "reward_model"):
+        if key not in row or row[key] is None:
+            raise _row_error(path, index, key, "is missing")
+    if not isinstance(row["data_source"], str):
+        raise _row_error(path, index, "data_source", f"must be a string, got {type(row['data_source']).__name__}")
+    prompt = row[prompt_key]
+    if isinstance(prompt, str):
+        pass
+    elif isinstance(prompt, Sequence) and len(prompt) > 0:
+        for j, msg in enumerate(prompt):
+            if not (isinstance(msg, Mapping) and isinstance(msg.get("role"), str)
+                    and isinstance(msg.get("content"), str)):
+                raise _row_error(path, index, prompt_key,
+                                 f"message {j} must be {{'role': str, 'content': str}}, got {msg!r}")
+    else:
+        raise _row_error(path, index, prompt_key,
+                         f"must be a string or a non-empty list of chat messages, got {prompt!r}")
+    reward = row["reward_model"]
+    if not isinstance(reward, Mapping) or reward.get("ground_truth") is None:
+        raise _row_error(path, index, "reward_model", f"must be a dict with 'ground_truth', got {reward!r}")
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise _row_error(path, index, "extra_info", f"must be a dict when present, got {type(extra).__name__}")
+
+
+def prompt_text(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template: bool | None = None) -> str:
+    """The text the model sees for ``prompt`` (see the module docstring for the rules).
+
+    ``apply_chat_template=None`` means: use the template when the tokenizer has one.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if apply_chat_template is None:
+        apply_chat_template = has_template
+    if apply_chat_template:
+        if not has_template:
+            raise ValueError("data.apply_chat_template=True but the tokenizer has no chat_template: "
+                             "set it to false or use a tokenizer with a template")
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages)
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template: bool | None = None) -> list[int]:
+    """Token ids of one prompt, unpadded. The SFT trainer uses this too, so warm start and RL agree.
+
+    Templated text already contains its special tokens (add_special_tokens=False, as verl does);
+    raw text gets the tokenizer's usual ones (e.g. a Llama BOS), as a base model expects.
+    """
+    templated = not isinstance(prompt, str) and (
+        apply_chat_template if apply_chat_template is not None
+        else getattr(tokenizer, "chat_template", None) is not None)
+    text = prompt_text(tokenizer, prompt, apply_chat_template)
+    return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+
+
+def pad_token_id(tokenizer) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)  # masked out anyway; verl makes the same choice
+    raise ValueError("tokenizer has neither pad_token nor eos_token: set tokenizer.pad_token")
+
+
+def left_pad(ids: list[int], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids), each [length] int64, real tokens at the right."""
+    n = len(ids)
+    input_ids = torch.full((length,), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(length, dtype=torch.long)
+    if n:
+        input_ids[length - n:] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[length - n:] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+def _setting(config: Any, key: str, default: Any) -> Any:
+    if config is None:
+        return default
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+class RLPromptDataset(torch.utils.data.Dataset):
+    """Prompts of one or more parquet/jsonl files, tokenized and left-padded.
+
+    ``dataset[i]`` is ``{"input_ids", "attention_mask", "position_ids"}`` ([P] int64 tensors) plus
+    ``data_source`` (str), ``ground_truth``, ``extra_info`` (dict, ``{}`` when absent),
+    ``raw_prompt`` (the row's prompt as given) and ``index`` (position among the kept rows).
+    Attributes ``num_filtered`` and ``num_truncated`` count what the length policy did.
+    """
+
+    def __init__(self, files: str | Sequence[str], tokenizer, *, prompt_key: str = "prompt",
+                 max_prompt_length: int = 512, filter_overlong_prompts: bool = True,
+                 truncation: str = "error", apply_chat_template: bool | None = None):
+        if isinstance(files, (str, os.PathLike)):
+            files = [files]
+        files = [os.fspath(f) for f in files]
+        if not files:
+            raise ValueError("no data files given: set data.train_files (a path or a list of paths)")
+        if max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length={max_prompt_length}: must be a positive integer")
+        if truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={truncation!r}: use one of {TRUNCATION_MODES}")
+        self.files, self.tokenizer, self.prompt_key = files, tokenizer, prompt_key
+        self.max_prompt_length = max_prompt_length
+        self.pad_id = pad_token_id(tokenizer)
+        self.num_filtered = self.num_truncated = 0
+        self._rows: list[dict] = []
+        self._ids: list[list[int]] = []
+        for path in files:
+            for i, row in enumerate(read_rows(path)):
+                validate_row(row, path, i, prompt_key)
+                ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
+                if len(ids) > max_prompt_length:
+                    if filter_overlong_prompts:
+                        self.num_filtered += 1
+                        continue
+                    if truncation == "error":
+                        raise ValueError(
+                            f"{path}: row {i}: key {prompt_key!r} is {len(ids)} tokens, longer than "
+                            f"data.max_prompt_length={max_prompt_length}: raise max_prompt_length, set "
+                            "data.filter_overlong_prompts=true, or data.truncation='left'|'right'")
+                    ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
+                    self.num_truncated += 1
+                self._rows.append(row)
+                self._ids.append(ids)
+        if self.num_filtered:
+            logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d (%s)",
+                           self.num_filtered, self.num_filtered + len(self._rows), max_prompt_length, files)
+        if self.num_truncated:
+            logger.warning("truncated %d prompts (%s side) to data.max_prompt_length=%d (%s)",
+                           self.num_truncated, truncation, max_prompt_length, files)
+        if not self._rows:
+            raise ValueError(f"no prompts left in {files} after filtering to data.max_prompt_length="
+                             f"{max_prompt_length}: raise it")
+
+    @classmethod
+    def from_config(cls, files: str | Sequence[str], tokenizer, config: Any) -> "RLPromptDataset":
+        """Build from a data config (a mapping or an object with verl's key names)."""
+        return cls(files, tokenizer,
+                   prompt_key=_setting(config, "prompt_key", "prompt"),
+                   max_prompt_length=_setting(config, "max_prompt_length", 512),
+                   filter_overlong_prompts=_setting(config, "filter_overlong_prompts", True),
+                   truncation=_setting(config, "truncation", "error"),
+                   apply_chat_template=_setting(config, "apply_chat_template", None))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def prompt_ids(self, index: int) -> list[int]:
+        """The unpadded token ids of row ``index``."""
+        return list(self._ids[index])
+
+    def __getitem__(self, index: int) -> dict:
+        row = self._rows[index]
+        input_ids, attention_mask, position_ids = left_pad(self._ids[index], self.max_prompt_length, self.pad_id)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "data_source": row["data_source"],
+            "ground_truth": row["reward_model"]["ground_truth"],
+            "extra_info": dict(row.get("extra_info") or {}),
+            "raw_prompt": row[self.prompt_key],
+            "index": index,
+        }
