@@ -27,7 +27,7 @@ SFT_OVERRIDES = [
     f"data.train_files=[{DATA}/sft_train.parquet]", f"data.val_files=[{DATA}/sft_val.parquet]",
     f"model.path={INIT_MODEL}", f"trainer.hf_output_dir={SFT_MODEL}", "trainer.default_local_dir=runs/demo-sft",
     "data.max_length=16", "data.train_batch_size=64", "data.micro_batch_size_per_gpu=32",
-    "optim.lr=1e-3", "optim.weight_decay=0.0", "trainer.total_epochs=100", "trainer.total_training_steps=275",
+    "optim.lr=1e-3", "optim.weight_decay=0.0", "trainer.total_epochs=100", "trainer.total_training_steps=300",
     "trainer.n_gpus_per_node=2",
 ]
 GRPO_OVERRIDES = [
@@ -37,7 +37,7 @@ GRPO_OVERRIDES = [
     "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256", "actor_rollout_ref.actor.use_kl_loss=false",
     "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.optim.weight_decay=0.0",
-    "trainer.n_gpus_per_node=2", "trainer.total_training_steps=150", "trainer.test_freq=10",
+    "trainer.n_gpus_per_node=2", "trainer.total_epochs=100", "trainer.total_training_steps=200", "trainer.test_freq=10",
     "trainer.logger=[console,jsonl,tensorboard]", "trainer.resume_mode=disable",
 ]
 
