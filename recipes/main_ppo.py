@@ -26,6 +26,9 @@ def available_slots(cfg) -> int | None:
 def load_and_validate(argv, default_config: str = "ppo"):
     name, overrides = split_cli_args(argv, default_config)
     cfg = load_config(compose_config(name, overrides))
+    if not cfg.ray_init.address and os.environ.get("RAY_ADDRESS"):
+        # Ray's own convention (ray.init() joins RAY_ADDRESS): scripts/slurm and `ray job submit` set it
+        cfg.ray_init.address = os.environ["RAY_ADDRESS"]
     validate(cfg, available_slots=available_slots(cfg))
     return cfg
 

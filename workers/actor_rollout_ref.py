@@ -190,19 +190,22 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> bool:
+        """The actor engine's sharded state, this rank's RNG streams (training and generation) and,
+        from rank 0, the engine metadata hybridflow.export reads (hybridflow/trainer/checkpoint.py)."""
+        from hybridflow.trainer import checkpoint as ckpt
+
         self.engine.save_checkpoint(path)
-        if self.rollout is not None:
-            torch.save(self.rng.state_dict(), f"{path}/rng_rollout_rank{self.rank}.pt")
+        ckpt.save_worker_rng(path, self.rank, self.rng if self.rollout is not None else None)
+        if self.rank == 0:
+            ckpt.save_engine_meta(self.engine, path, self.world_size)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
-        import os
+        from hybridflow.trainer import checkpoint as ckpt
 
         self.engine.load_checkpoint(path)
-        rng_file = f"{path}/rng_rollout_rank{self.rank}.pt"
-        if self.rollout is not None and os.path.exists(rng_file):
-            self.rng.load_state_dict(torch.load(rng_file, weights_only=False))
+        ckpt.load_worker_rng(path, self.rank, self.rng if self.rollout is not None else None)
         self._weights_stale = True  # the rollout still holds the initial weights
         return True
 

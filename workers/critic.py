@@ -62,10 +62,18 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> bool:
+        from hybridflow.trainer import checkpoint as ckpt
+
         self.engine.save_checkpoint(path)
+        ckpt.save_worker_rng(path, self.rank)
+        if self.rank == 0:
+            ckpt.save_engine_meta(self.engine, path, self.world_size)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
+        from hybridflow.trainer import checkpoint as ckpt
+
         self.engine.load_checkpoint(path)
+        ckpt.load_worker_rng(path, self.rank)
         return True

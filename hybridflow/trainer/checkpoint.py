@@ -1,12 +1,25 @@
-"""Checkpoint folders of a run: ``global_step_N/{actor,critic}/`` (each engine's sharded state),
-``global_step_N/trainer_state.pt`` (step, data-loader position, KL controller, controller RNG),
-and a tracker file naming the latest *complete* checkpoint.
+"""Checkpoint folders of a run and the rules that make resuming safe.
 
-The tracker is written last and atomically (write a temp file, fsync, rename), so a crash in the
-middle of a save leaves the previous checkpoint as "latest", never a broken one.
+Layout under ``trainer.default_local_dir``::
+
+    global_step_N/
+        actor/                 the actor engine's sharded state (engine-specific files), the
+                               workers' RNG files ``worker_rng_rank{r}.pt``, ``engine.json`` and
+                               ``huggingface/`` (config + tokenizer, for hybridflow.export)
+        critic/                the same for the critic, when there is one
+        trainer_state.pt       step, data-loader position, KL controller, controller RNG
+        manifest.json          every file above with its size, and the worker layout; written
+                               after all of them
+    latest_checkpointed_iteration.txt   the tracker: N of the newest complete checkpoint
+
+Two files are written last, each atomically (temp file, fsync, rename): the manifest completes a
+folder, the tracker then names it. A crash anywhere in a save leaves the previous checkpoint as
+"latest"; a folder without a manifest, or whose files do not match it (deleted, truncated), is
+refused with an error naming the folder and the way out, never loaded half.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -16,20 +29,90 @@ import numpy as np
 import torch
 
 TRACKER = "latest_checkpointed_iteration.txt"
+MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.pt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from (corrupted, partial, or another worker layout)."""
 
 
 def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"global_step_{step}")
 
 
-def write_tracker(root: str, step: int) -> None:
-    tmp = os.path.join(root, TRACKER + ".tmp")
+def _write_atomically(path: str, text: str) -> None:
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write(str(step))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, TRACKER))
+    os.replace(tmp, path)
+    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:  # make the rename itself durable
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_tracker(root: str, step: int) -> None:
+    _write_atomically(os.path.join(root, TRACKER), str(step))
+
+
+def read_tracker(root: str) -> int | None:
+    """The step the tracker names, None without a tracker; garbage is an error, not "no checkpoint"."""
+    tracker = os.path.join(root, TRACKER)
+    if not os.path.exists(tracker):
+        return None
+    with open(tracker) as f:
+        text = f.read().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{tracker} is corrupted (holds {text[:40]!r}, not a step number): write the step "
+                              f"of a complete global_step_* folder into it, or set trainer.resume_mode=<folder> or "
+                              f"trainer.resume_mode=disable")
+    return int(text)
+
+
+def write_manifest(path: str, step: int, layout: dict) -> None:
+    """Record every file under ``path`` with its size, and the worker ``layout``; marks the folder complete."""
+    files = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            rel = os.path.relpath(full, path)
+            if rel != MANIFEST and not name.endswith(".tmp"):
+                files[rel] = os.path.getsize(full)
+    manifest = {"format": FORMAT_VERSION, "step": step, "layout": layout, "files": dict(sorted(files.items()))}
+    _write_atomically(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1))
+
+
+def check_complete(path: str) -> dict:
+    """The manifest of checkpoint folder ``path`` after checking every file it lists; raises
+    CheckpointError naming what is wrong and how to resume instead."""
+    way_out = ("resume from an earlier global_step_* folder with trainer.resume_mode=<folder>, or start over "
+               "with trainer.resume_mode=disable")
+    manifest_file = os.path.join(path, MANIFEST)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint folder {path} does not exist: {way_out}")
+    if not os.path.exists(manifest_file):
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {MANIFEST}: the save did not finish): {way_out}")
+    try:
+        with open(manifest_file) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({err}): {way_out}") from err
+    missing = [rel for rel in files if not os.path.exists(os.path.join(path, rel))]
+    resized = [rel for rel, size in files.items()
+               if rel not in missing and os.path.getsize(os.path.join(path, rel)) != size]
+    if TRAINER_STATE not in files:
+        missing.append(TRAINER_STATE)
+    if missing or resized:
+        raise CheckpointError(f"checkpoint {path} is damaged: missing {sorted(missing)[:5]}, size changed "
+                              f"{sorted(resized)[:5]}: {way_out}")
+    return manifest
 
 
 def find_resume_dir(root: str, resume_mode: str) -> str | None:
@@ -37,28 +120,28 @@ def find_resume_dir(root: str, resume_mode: str) -> str | None:
     if resume_mode == "disable":
         return None
     if resume_mode != "auto":
-        path = resume_mode
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"trainer.resume_mode={path!r}: no such checkpoint folder")
-        check_complete(path)
-        return path
-    tracker = os.path.join(root, TRACKER)
-    if not os.path.exists(tracker):
+        check_complete(resume_mode)
+        return resume_mode
+    step = read_tracker(root)
+    if step is None:
         return None
-    with open(tracker) as f:
-        text = f.read().strip()
-    if not text.isdigit():
-        raise ValueError(f"{tracker} is corrupted (holds {text!r}); fix it or set trainer.resume_mode=disable")
-    path = step_dir(root, int(text))
+    path = step_dir(root, step)
     check_complete(path)
     return path
 
 
-def check_complete(path: str) -> None:
-    state = os.path.join(path, "trainer_state.pt")
-    if not os.path.exists(state) or not os.path.isdir(os.path.join(path, "actor")):
-        raise ValueError(f"checkpoint {path} is incomplete (missing trainer_state.pt or actor/); resume from an "
-                         f"earlier global_step_* folder with trainer.resume_mode=<path> or set resume_mode=disable")
+def check_layout(path: str, saved: dict, current: dict) -> None:
+    """Refuse to resume when the worker layout differs: each rank's files (optimizer shards,
+    per-rank RNG streams) belong to one rank of one layout, so loading them elsewhere would be
+    silently wrong or fail deep inside an engine."""
+    diffs = [f"{role}.{key}: saved {saved.get(role, {}).get(key)!r}, now {current.get(role, {}).get(key)!r}"
+             for role in sorted(set(saved) | set(current))
+             for key in sorted(set(saved.get(role, {})) | set(current.get(role, {})))
+             if saved.get(role, {}).get(key) != current.get(role, {}).get(key)]
+    if diffs:
+        raise CheckpointError(f"checkpoint {path} was saved with another worker layout ({'; '.join(diffs)}): resume "
+                              f"with the saved settings (trainer.nnodes, trainer.n_gpus_per_node, parallel sizes), "
+                              f"or export it with `python -m hybridflow.export` and start a new run from the export")
 
 
 def controller_rng_state() -> dict:
@@ -71,10 +154,72 @@ def set_controller_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def prune(root: str, keep: int | None) -> None:
-    """Delete the oldest global_step_* folders beyond ``keep`` (None or <= 0 keeps all)."""
+def prune(root: str, keep: int | None) -> list[int]:
+    """Delete the oldest global_step_* folders beyond the newest ``keep`` (None or <= 0 keeps all);
+    the folder the tracker names is never deleted. Returns the deleted steps."""
     if not keep or keep <= 0:
-        return
+        return []
+    latest = read_tracker(root)
     steps = sorted(int(m.group(1)) for d in os.listdir(root) if (m := STEP_DIR.match(d)))
-    for step in steps[:-keep]:
+    doomed = [s for s in steps[:-keep] if s != latest]
+    for step in doomed:
         shutil.rmtree(step_dir(root, step), ignore_errors=True)
+    return doomed
+
+
+# ---------------------------------------------------------------------- worker side
+# Called inside each worker process by ActorRolloutRefWorker / CriticWorker.save_checkpoint.
+WORKER_RNG = "worker_rng_rank{rank}.pt"
+ENGINE_META = "engine.json"
+HF_META_DIR = "huggingface"
+
+
+def save_worker_rng(path: str, rank: int, rollout_streams=None) -> None:
+    """This rank's RNG: python, numpy and torch (the training stream; on GPU the device's too) and,
+    on rollout ranks, the generation stream. vLLM's CPU sampler draws its noise from the
+    process's global torch generator, which RNGStreams swaps in for generation, so the generation
+    stream is the whole sampling state: restoring it restores the sampled tokens."""
+    from hybridflow import device
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": device.rng_state(),
+             "rollout": rollout_streams.state_dict() if rollout_streams is not None else None}
+    torch.save(state, os.path.join(path, WORKER_RNG.format(rank=rank)))
+
+
+def load_worker_rng(path: str, rank: int, rollout_streams=None) -> None:
+    from hybridflow import device
+
+    file = os.path.join(path, WORKER_RNG.format(rank=rank))
+    if not os.path.exists(file):
+        raise CheckpointError(f"{file} is missing: the checkpoint was saved by fewer workers or is damaged")
+    state = torch.load(file, weights_only=False)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    device.set_rng_state(state["torch"])
+    if rollout_streams is not None and state["rollout"] is not None:
+        rollout_streams.load_state_dict(state["rollout"])
+
+
+def save_engine_meta(engine, path: str, world_size: int) -> None:
+    """``engine.json`` (strategy, parallel sizes, role) and ``huggingface/`` (config.json naming the
+    HF class, tokenizer files): what hybridflow.export needs besides the weight shards. Rank 0 only."""
+    from workers.engines.hf_export import copy_tokenizer_files
+
+    strategy = engine.config.strategy
+    if strategy == "megatron":
+        architecture = engine._hf_architecture()
+        hf_config = engine.hf_config
+        if engine.role == "critic":
+            hf_config = type(hf_config).from_dict({**hf_config.to_dict(), "num_labels": 1})
+    else:
+        architecture, hf_config = engine.architecture, engine.hf_config
+    meta = {"strategy": strategy, "role": engine.role, "world_size": world_size,
+            "tp": getattr(engine, "tp", 1), "pp": getattr(engine, "pp", 1), "architecture": architecture,
+            "source_model": engine.model_path}
+    hf_dir = os.path.join(path, HF_META_DIR)
+    os.makedirs(hf_dir, exist_ok=True)
+    hf_config = type(hf_config).from_dict(hf_config.to_dict())
+    hf_config.architectures = [architecture]
+    hf_config.save_pretrained(hf_dir)
+    copy_tokenizer_files(engine.model_path, hf_dir)
+    _write_atomically(os.path.join(path, ENGINE_META), json.dumps(meta, indent=1))

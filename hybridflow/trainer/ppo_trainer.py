@@ -10,6 +10,7 @@ batches and computes advantages (cheap, on CPU).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -94,14 +95,14 @@ class PPOTrainer:
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
             gen_in.meta_info.update(n=n)
             with timer("gen", metrics):
-                gen_out = self.actor.generate_sequences(gen_in)
+                gen_out = self.generate(gen_in)
             metrics.update(gen_out.meta_info.pop("metrics", {}))
             baselines = None
             if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
                 with timer("gen_max", metrics):
                     greedy_in = gen_in.select()
                     greedy_in.meta_info.update(n=1, do_sample=False)
-                    greedy = self.actor.generate_sequences(greedy_in)
+                    greedy = self.generate(greedy_in)
                     greedy.meta_info.pop("metrics", None)
                     greedy.non_tensor_batch.update(batch.non_tensor_batch)
                     baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
@@ -136,6 +137,14 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
+    def generate(self, prompts: DataProto) -> DataProto:
+        """``generate_sequences``, with the prompts padded here to a multiple of the rollout's
+        data-parallel size. The dispatcher's own padding would strip ``pad`` rows from an output
+        that holds ``n`` rows per prompt (e.g. 3 prompts x n=2 on 2 workers came back as 7 rows)."""
+        padded, pad = prompts.pad_to_divisor(self.actor.mesh_info("rollout").dp_size)
+        out = self.actor.generate_sequences(padded)
+        return out[: len(out) // len(padded) * len(prompts)] if pad else out
+
     def score(self, batch: DataProto):
         """(token_level_scores [B,R], per-sample scores, metrics) from the RM or the reward function."""
         if self.rm is not None:
@@ -175,7 +184,7 @@ class PPOTrainer:
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
             gen_in.meta_info.update(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
                                     top_p=vk.top_p, top_k=vk.top_k)
-            out = self.actor.generate_sequences(gen_in)
+            out = self.generate(gen_in)
             out.meta_info.pop("metrics", None)
             rep = batch.repeat(vk.n, interleave=True)
             out.non_tensor_batch.update(rep.non_tensor_batch)
@@ -188,33 +197,54 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
+        """global_step_N/: engines (+ worker RNG) first, trainer state, then the manifest that
+        completes the folder, then the tracker that names it (layout: trainer/checkpoint.py)."""
         t = self.cfg.trainer
         path = ckpt.step_dir(t.default_local_dir, self.global_step)
-        os.makedirs(path, exist_ok=True)
+        if os.path.exists(path):  # a partial folder left by a crash during an earlier save
+            shutil.rmtree(path)
+        os.makedirs(path)
         self.actor.save_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.save_checkpoint(os.path.join(path, "critic"))
         torch.save({"global_step": self.global_step, "loader": self.train_loader.state_dict(),
                     "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.controller_rng_state()},
-                   os.path.join(path, "trainer_state.pt"))
+                   os.path.join(path, ckpt.TRAINER_STATE))
+        ckpt.write_manifest(path, self.global_step, self.worker_layout())
         ckpt.write_tracker(t.default_local_dir, self.global_step)
         ckpt.prune(t.default_local_dir, t.max_actor_ckpt_to_keep)
         return path
+
+    def worker_layout(self) -> dict:
+        """What each saved file's rank means: world sizes and parallel sizes per trained role."""
+        from hybridflow.config.derived import model_parallel
+
+        arr = self.cfg.actor_rollout_ref
+        tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
+        layout = {"actor_rollout_ref": {"world_size": self.actor.world_size, "strategy": arr.actor.strategy,
+                                        "tp": tp, "pp": pp, "rollout_tp": arr.rollout.tensor_model_parallel_size}}
+        if self.critic is not None:
+            c = self.cfg.critic
+            ctp, cpp = model_parallel(c.strategy, c.megatron)
+            layout["critic"] = {"world_size": self.critic.world_size, "strategy": c.strategy, "tp": ctp, "pp": cpp}
+        return layout
 
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer
         path = ckpt.find_resume_dir(t.default_local_dir, t.resume_mode)
         if path is None:
             return
-        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+        manifest = ckpt.check_complete(path)
+        ckpt.check_layout(path, manifest["layout"], self.worker_layout())
+        state = torch.load(os.path.join(path, ckpt.TRAINER_STATE), weights_only=False)
+        self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
         self.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.load_checkpoint(os.path.join(path, "critic"))
-        self.train_loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         ckpt.set_controller_rng_state(state["rng"])
         self.global_step = state["global_step"]
-        print(f"resumed from {path} at step {self.global_step}")
+        print(f"resumed from {path} at step {self.global_step}", flush=True)
 
 
 def _mean_dicts(dicts) -> dict:

@@ -4,7 +4,6 @@ Needs the Debian packages of scripts/slurm/install_slurm.sh and root (slurmd run
 user and must be able to switch to it). munged, slurmctld and slurmd run from a temporary
 directory on free ports and are stopped at the end; nothing under /etc is used.
 """
-import json
 import os
 import shutil
 import signal
@@ -19,10 +18,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm" / "ray_on_slurm.sh"
-# The entry the batch script runs, and its overrides. To test a real recipe instead, point
-# ENTRY at it (e.g. f"{sys.executable} -m recipes.main_ppo") and add its tiny-run overrides.
-ENTRY = f"{sys.executable} {REPO / 'tests' / 'scripts' / 'ray_cluster_probe.py'}"
-ENTRY_OVERRIDES: list[str] = []
+# The entry the batch script runs: the real PPO-family recipe (a tiny 2-step GRPO run); it joins
+# the job's Ray cluster through the RAY_ADDRESS the script exports.
+ENTRY = f"{sys.executable} -m recipes.main_ppo"
+RECIPE_STEPS = ["trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=-1"]
 SLURM_TOOLS = ("sbatch", "sinfo", "srun", "scontrol", "slurmctld", "slurmd", "munged")
 
 pytestmark = pytest.mark.slow
@@ -173,20 +172,22 @@ def _submit(root: Path, cluster_env: dict, entry: str, args: list[str], name: st
     return result.returncode, f"{result.stdout}{result.stderr}\n--- job output\n{log}", gcs_port
 
 
-def test_ray_on_slurm_runs_entry_on_the_allocated_ray_cluster(slurm_cluster):
+def test_ray_on_slurm_runs_a_tiny_grpo_recipe_on_the_allocated_ray_cluster(slurm_cluster):
+    from tests.hybridflow.trainer.recipe_runs import make_assets, read_steps, recipe_args
+
     root, env = slurm_cluster
     run_dir = root / "run"
-    code, log, gcs_port = _submit(root, env, ENTRY,
-                                  [f"trainer.default_local_dir={run_dir}", *ENTRY_OVERRIDES],
-                                  "entry-ok")
+    assets = make_assets(root / "assets")
+    code, log, gcs_port = _submit(root, env, ENTRY, recipe_args(assets, run_dir, *RECIPE_STEPS), "entry-ok")
     assert code == 0, log
     assert "1/1 Ray nodes up" in log
+    assert "Connecting to existing Ray cluster" in log or "Connected to Ray cluster" in log, log[-3000:]
 
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert records and all("step" in r for r in records)
-    if "probe/sum_of_squares" in records[0]:  # the stand-in entry's own numbers
-        assert records[0]["probe/sum_of_squares"] == sum(i * i for i in range(8))
-        assert records[0]["probe/ray_nodes"] == 1 and records[0]["probe/ray_cpus"] == 2
+    steps = read_steps(run_dir)
+    assert sorted(steps) == [1, 2]
+    for record in steps.values():
+        assert 0.0 <= record["critic/score/mean"] <= 1.0 and "actor/pg_loss" in record
+    assert (run_dir / "hf" / "model.safetensors").exists()  # the recipe's final HF export
     # The trap stopped this job's Ray cluster (and only it: no `ray stop` was needed).
     assert "stopping Ray on 1 node(s)" in log and "ray stop --force" not in log
     assert _processes_of_cluster(gcs_port) == []

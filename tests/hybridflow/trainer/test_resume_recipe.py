@@ -1,0 +1,84 @@
+"""Exact resume of a real ``recipes.main_ppo`` GRPO run after SIGKILL, at an epoch boundary.
+
+The data set holds 16 prompts and a step takes 8, so one epoch is 2 steps: the step-2
+checkpoint lies exactly on the epoch boundary (the trap: a resumed run that thinks epoch 1 is
+over and epoch 2 has not started must still train epoch 2's steps). An uninterrupted 4-step run
+is the reference; a second identical run is killed with SIGKILL (its whole process group, Ray
+included) as soon as its step-2 checkpoint is complete, then started again with the same
+command and resumes by itself (``trainer.resume_mode=auto``). Steps 3-4 must match the
+reference to 1e-6 in fp32: same data order, same sampled responses (the generation RNG is part
+of the checkpoint), same optimizer state.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from hybridflow.trainer.checkpoint import TRACKER
+from tests.hybridflow.trainer.recipe_runs import REPO, make_assets, read_steps, recipe_cmd, recipe_env, run_recipe
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["trainer.total_epochs=2", "trainer.total_training_steps=null", "trainer.save_freq=2",
+         "trainer.test_freq=2"]
+COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean", "val/score/mean")
+
+
+def _run_and_kill_after_checkpoint(assets, out_dir, step: int, timeout: float = 400) -> None:
+    """Start the recipe in its own session; SIGKILL every process of it once the tracker names
+    ``step`` (the tracker is written last, so the checkpoint is complete by then)."""
+    proc = subprocess.Popen(recipe_cmd(assets, out_dir, *STEPS), cwd=REPO, env=recipe_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    tracker = out_dir / TRACKER
+    deadline = time.monotonic() + timeout
+    try:
+        while not (tracker.exists() and tracker.read_text().strip() == str(step)):
+            if proc.poll() is not None:
+                pytest.fail(f"run ended (rc {proc.returncode}) before its step-{step} checkpoint:\n"
+                            f"{proc.stderr.read()[-5000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no step-{step} checkpoint after {timeout} s")
+            time.sleep(0.1)
+    finally:
+        family = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        os.killpg(proc.pid, signal.SIGKILL)  # the recipe, its Ray head and the worker actors
+        for child in family:  # any that left the process group
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
+    assets = make_assets(tmp_path, train_size=16)
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    run_recipe(assets, reference, *STEPS)
+    ref = read_steps(reference)
+    assert sorted(s for s in ref if s > 0) == [1, 2, 3, 4]
+    assert [ref[s]["training/epoch"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
+
+    _run_and_kill_after_checkpoint(assets, resumed, step=2)
+    assert not (resumed / "global_step_4").exists()
+    assert {"manifest.json", "trainer_state.pt", "actor"} <= set(os.listdir(resumed / "global_step_2"))
+    proc = run_recipe(assets, resumed, *STEPS)
+    assert "resumed from" in proc.stdout + proc.stderr
+    got = read_steps(resumed)
+    assert sorted(s for s in got if s > 0) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert got[step]["training/epoch"] == 1
+        for key in COMPARED:
+            if key not in ref[step]:  # validation runs on steps 2 and 4 only
+                assert key not in got[step]
+                continue
+            assert got[step][key] == pytest.approx(ref[step][key], abs=1e-6, rel=0), (step, key)
+    # the reference's scores are not constant, so the comparison above can tell runs apart
+    assert len({round(ref[s]["critic/score/mean"], 6) for s in (1, 2, 3, 4)}) > 1
