@@ -57,9 +57,19 @@ def synchronize() -> None:
 
 
 def peak_memory_bytes() -> int:
-    """Peak accelerator memory on GPU; peak resident set size of this process on CPU."""
+    """Peak accelerator memory on GPU; peak resident set size of this process on CPU.
+
+    On Linux the CPU figure is VmHWM from /proc: getrusage's ru_maxrss is inherited across
+    fork+exec, so a spawned worker would report its parent's peak."""
     if device_type() == "cuda":
         return int(torch.cuda.max_memory_allocated())
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

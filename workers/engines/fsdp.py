@@ -118,9 +118,13 @@ class FSDPEngine:
         if not layers:
             raise ValueError(f"FSDPEngine: found no decoder layers ({sorted(layer_classes)}) in "
                              f"{self.architecture}; this engine supports HF decoder-only models")
+        # On CPU, memory is plentiful and gloo gathers are slow: keep each layer's gathered
+        # parameters from forward to backward instead of gathering them twice (measured 8% less CPU
+        # time per step). On GPU, reshard to keep the memory saving FSDP exists for.
+        reshard = hf_device.device_type() == "cuda"
         for layer in layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         return model
 
     # ------------------------------------------------------------------ forward
