@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from hybridflow.algorithms.objectives import ActorObjective
-from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, rollout_engine_kwargs
+from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, read_model_config, rollout_engine_kwargs
 from hybridflow.controller import RayClassWithInitArgs
 from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
 from workers.critic import CriticSettings, CriticWorker
@@ -50,7 +50,9 @@ def role_specs(cfg, derived) -> tuple[dict, dict]:
             cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode, seed=cfg.trainer.seed))
     if cfg.reward_model.enable:
         side["reward_model"] = RayClassWithInitArgs(RewardModelWorker, RewardModelSettings(
-            model_path=cfg.reward_model.model.path, micro_batch_size_per_gpu=cfg.reward_model.micro_batch_size_per_gpu))
+            model_path=cfg.reward_model.model.path, micro_batch_size_per_gpu=cfg.reward_model.micro_batch_size_per_gpu,
+            # the worker refuses a reward model whose vocabulary is not the actor's (ids would not match)
+            actor_vocab_size=(read_model_config(cfg.actor_rollout_ref.model.path) or {}).get("vocab_size")))
     return main, side
 
 
