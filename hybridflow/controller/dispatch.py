@@ -89,23 +89,34 @@ def _dp_dispatch(dp_ranks: list[int], dp_size: int, args, kwargs):
     pad = real.pop() if real else 0
     calls = [(tuple(parts[d] for parts in split_args), {k: parts[d] for k, parts in split_kwargs.items()})
              for d in dp_ranks]
-    return calls, pad
+    rows = {len(x) for parts in split_args + list(split_kwargs.values()) for x in parts[:1] if isinstance(x, DataProto)}
+    return calls, pad, (rows.pop() * dp_size if len(rows) == 1 else None)
 
 
-def concat_outputs(outputs: list, pad: int):
-    """Join per-dp-rank outputs: DataProto parts are concatenated and the padding stripped."""
+def concat_outputs(outputs: list, pad: int, rows: int | None = None):
+    """Join per-dp-rank outputs: DataProto parts are concatenated and the padding stripped.
+
+    ``rows`` is the padded input length. A method may return k rows per input row (generation
+    with n samples per prompt); the padding rows' outputs are then the last ``pad * k`` rows.
+    """
     if outputs and all(isinstance(o, DataProto) for o in outputs):
-        return DataProto.concat(outputs).unpad(pad)
+        out = DataProto.concat(outputs)
+        if pad and rows and len(out) != rows:
+            if len(out) % rows:
+                raise ValueError(f"data-parallel collect: {len(out)} output rows for {rows} input rows is not a "
+                                 "whole number of rows per input; cannot strip the padding")
+            pad *= len(out) // rows
+        return out.unpad(pad)
     return outputs
 
 
 def _dp_compute_dispatch(group, *args, **kwargs):
-    calls, pad = _dp_dispatch(list(range(group.world_size)), group.world_size, args, kwargs)
-    return calls, {"pad": pad}
+    calls, pad, rows = _dp_dispatch(list(range(group.world_size)), group.world_size, args, kwargs)
+    return calls, {"pad": pad, "rows": rows}
 
 
-def _dp_compute_collect(group, outputs, pad=0):
-    return concat_outputs(outputs, pad)
+def _dp_compute_collect(group, outputs, pad=0, rows=None):
+    return concat_outputs(outputs, pad, rows)
 
 
 def mesh(mesh_name: str) -> DispatchMode:
@@ -113,13 +124,13 @@ def mesh(mesh_name: str) -> DispatchMode:
 
     def dispatch_fn(group, *args, **kwargs):
         info = group.mesh_info(mesh_name)
-        calls, pad = _dp_dispatch(info.dp_ranks, info.dp_size, args, kwargs)
-        return calls, {"pad": pad}
+        calls, pad, rows = _dp_dispatch(info.dp_ranks, info.dp_size, args, kwargs)
+        return calls, {"pad": pad, "rows": rows}
 
-    def collect_fn(group, outputs, pad=0):
+    def collect_fn(group, outputs, pad=0, rows=None):
         info = group.mesh_info(mesh_name)
         chosen = sorted(((info.dp_ranks[r], r), outputs[r]) for r in range(len(outputs)) if info.collect[r])
-        return concat_outputs([o for _, o in chosen], pad)
+        return concat_outputs([o for _, o in chosen], pad, rows)
 
     return DispatchMode(dispatch_fn, collect_fn, name=f"mesh:{mesh_name}", mesh_name=mesh_name)
 

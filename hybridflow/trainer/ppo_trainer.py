@@ -95,14 +95,14 @@ class PPOTrainer:
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
             gen_in.meta_info.update(n=n)
             with timer("gen", metrics):
-                gen_out = self.generate(gen_in)
+                gen_out = self.actor.generate_sequences(gen_in)
             metrics.update(gen_out.meta_info.pop("metrics", {}))
             baselines = None
             if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
                 with timer("gen_max", metrics):
                     greedy_in = gen_in.select()
                     greedy_in.meta_info.update(n=1, do_sample=False)
-                    greedy = self.generate(greedy_in)
+                    greedy = self.actor.generate_sequences(greedy_in)
                     greedy.meta_info.pop("metrics", None)
                     greedy.non_tensor_batch.update(batch.non_tensor_batch)
                     baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
@@ -137,14 +137,6 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def generate(self, prompts: DataProto) -> DataProto:
-        """``generate_sequences``, with the prompts padded here to a multiple of the rollout's
-        data-parallel size. The dispatcher's own padding would strip ``pad`` rows from an output
-        that holds ``n`` rows per prompt (e.g. 3 prompts x n=2 on 2 workers came back as 7 rows)."""
-        padded, pad = prompts.pad_to_divisor(self.actor.mesh_info("rollout").dp_size)
-        out = self.actor.generate_sequences(padded)
-        return out[: len(out) // len(padded) * len(prompts)] if pad else out
-
     def score(self, batch: DataProto):
         """(token_level_scores [B,R], per-sample scores, metrics) from the RM or the reward function."""
         if self.rm is not None:
@@ -184,7 +176,7 @@ class PPOTrainer:
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
             gen_in.meta_info.update(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
                                     top_p=vk.top_p, top_k=vk.top_k)
-            out = self.generate(gen_in)
+            out = self.actor.generate_sequences(gen_in)
             out.meta_info.pop("metrics", None)
             rep = batch.repeat(vk.n, interleave=True)
             out.non_tensor_batch.update(rep.non_tensor_batch)

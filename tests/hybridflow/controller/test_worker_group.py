@@ -38,6 +38,11 @@ class EchoWorker(Worker):
                                   {"tag": data.non_tensor_batch["tag"]})
         return out
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def samples(self, data: DataProto, n: int):
+        """n output rows per input row, adjacent (like generation with n samples per prompt)."""
+        return data.repeat(n, interleave=True)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def double_async(self, data: DataProto):
         return self.double.__wrapped__(self, data)
@@ -133,6 +138,14 @@ def test_dp_compute_proto_uneven(ray_cluster, n):
     assert list(out.non_tensor_batch["tag"]) == [f"r{i}" for i in range(n)]
     # first ceil(n/2) rows went to rank 0
     assert out.batch["rank"].tolist() == [0] * ((n + 1) // 2) + [1] * (n // 2)
+    g.shutdown()
+
+
+def test_padding_is_stripped_from_outputs_with_several_rows_per_input(ray_cluster):
+    g = make_group(EchoWorker, name="samples")
+    out = g.samples(rows(3), 2)  # padded to 4 rows on 2 workers -> 8 outputs, 2 of them padding
+    assert out.batch["x"].squeeze(1).tolist() == [0, 0, 1, 1, 2, 2]
+    assert list(out.non_tensor_batch["tag"]) == ["r0", "r0", "r1", "r1", "r2", "r2"]
     g.shutdown()
 
 
