@@ -47,10 +47,19 @@ def make_actor_loss_fn(obj: ActorObjective):
         b = micro.batch
         mask = b["response_mask"].to(outputs["log_probs"].dtype)
         log_prob = outputs["log_probs"]
-        pg = ppo_clip_loss(b["old_log_probs"], log_prob, b["advantages"], mask, policy_cfg)
+        on_policy = "old_log_probs" not in b.keys()
+        # No old log-probs: the update is strictly on-policy and this forward is the old policy.
+        old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
+        pg = ppo_clip_loss(old_log_prob, log_prob, b["advantages"], mask, policy_cfg)
         loss = pg.pg_loss
         metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
                    "actor/ppo_kl": _f(pg.ppo_kl), "actor/pg_clipfrac_lower": _f(pg.pg_clipfrac_lower)}
+        if on_policy and "rollout_log_probs" in b.keys():
+            # the sampler-vs-trainer check, on this forward (max is per micro-batch, then averaged)
+            diff = (b["rollout_log_probs"].exp() - log_prob.detach().exp()).abs()[mask.bool()]
+            if diff.numel():
+                metrics["training/rollout_probs_diff_max"] = float(diff.max())
+                metrics["training/rollout_probs_diff_mean"] = float(diff.mean())
         if outputs.get("entropy") is not None:
             entropy = agg_entropy(outputs["entropy"], mask, obj.loss_agg_mode)
             metrics["actor/entropy"] = _f(entropy)

@@ -25,6 +25,9 @@ class ActorConfig:
     ppo_mini_batch_size: int = 4  # prompts per optimizer step (x rollout.n sequences)
     ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward on one worker
     ppo_epochs: int = 1
+    # auto: skip the separate old-log-prob forward when the update is strictly on-policy (one
+    # optimizer step per batch: ppo_epochs 1, one mini-batch, no KL in the reward); always: always run it
+    recompute_old_log_prob: str = "auto"
     shuffle: bool = False  # reshuffle sequences between ppo_epochs
     policy_loss: str = "ppo_clip"  # a name in hybridflow.algorithms.POLICY_LOSSES
     clip_ratio: float = 0.2

@@ -88,6 +88,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
         (f"{ARR}.actor.kl_loss_type", a.kl_loss_type, KL_ESTIMATORS),
         (f"{ARR}.actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES),
         (f"{ARR}.actor.policy_loss", a.policy_loss, POLICY_LOSSES),
+        (f"{ARR}.actor.recompute_old_log_prob", a.recompute_old_log_prob, ("auto", "always")),
         (f"{ARR}.actor.strategy", a.strategy, STRATEGIES),
         (f"{ARR}.actor.param_dtype", a.param_dtype, PARAM_DTYPES),
         (f"{ARR}.actor.optim.lr_scheduler", a.optim.lr_scheduler, LR_SCHEDULERS),

@@ -47,6 +47,12 @@ class PPOTrainer:
         self.critic = groups.get("critic")
         self.rm = groups.get("reward_model")
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
+        actor = cfg.actor_rollout_ref.actor
+        # Strictly on-policy (one optimizer step per batch, weights just synced to the sampler):
+        # the old log-probs equal the update's own forward pass, so that separate forward is
+        # skipped and the loss uses its log-probs detached (ratio 1), as TRL does.
+        self.on_policy = (actor.recompute_old_log_prob == "auto" and actor.ppo_epochs == 1
+                          and actor.ppo_mini_batch_size == cfg.data.train_batch_size and not algo.use_kl_in_reward)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
         self.global_step = 0
@@ -114,10 +120,11 @@ class PPOTrainer:
                 token_scores, _, reward_metrics = self.score(batch)
                 batch.batch["token_level_scores"] = token_scores
                 metrics.update(reward_metrics)
-            with timer("old_log_prob", metrics):
-                batch.union(self.actor.compute_log_prob(batch))
-            if "rollout_log_probs" in batch.keys():
-                metrics.update(rollout_probs_diff(batch))
+            if not self.on_policy:
+                with timer("old_log_prob", metrics):
+                    batch.union(self.actor.compute_log_prob(batch))
+                if "rollout_log_probs" in batch.keys():
+                    metrics.update(rollout_probs_diff(batch))
             if self.use_ref:
                 with timer("ref", metrics):
                     batch.union(self.ref.compute_ref_log_prob(batch))
