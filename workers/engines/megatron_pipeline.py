@@ -1,6 +1,6 @@
 """A compact non-interleaved 1F1B pipeline schedule over torch.distributed point-to-point.
 
-megatron-core's own schedules and p2p helpers assume CUDA (streams, ``torch.cuda.current_device``),
+megatron-core's own schedules and p2p helpers assume CUDA (streams, the current CUDA device),
 so this one uses only ``dist.batch_isend_irecv`` and runs on gloo (CPU) as well as NCCL.
 
 Schedule of stage ``p`` of ``P`` with ``M`` micro-batches (Narayanan et al. 2021, "PipeDream-
