@@ -6,14 +6,13 @@ import sys
 
 from hybridflow.config import ConfigError, compose_config, split_cli_args
 from hybridflow.config.sft import load_sft_config, validate_sft
+from recipes.main_ppo import available_slots
 
 
 def load_and_validate(argv):
     name, overrides = split_cli_args(argv, "sft")
     cfg = load_sft_config(compose_config(name, overrides))
-    slots = None if cfg.ray_init.address else int((cfg.ray_init.num_cpus or os.cpu_count() or 1)
-                                                   / cfg.trainer.cpus_per_worker + 1e-9)
-    validate_sft(cfg, available_slots=slots)
+    validate_sft(cfg, available_slots=available_slots(cfg))
     return cfg
 
 

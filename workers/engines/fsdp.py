@@ -42,7 +42,7 @@ from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BA
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
-from workers.engines.optim import build_optimizer, build_scheduler, load_scheduler_state
+from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state, load_scheduler_state
 
 ROLES = ("actor", "ref", "critic")
 
@@ -350,9 +350,5 @@ class FSDPEngine:
 
     def _move(self, target: torch.device) -> None:
         self.model.to(target)
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, Tensor) and key != "step":
-                        state[key] = value.to(target, non_blocking=True)
+        move_optimizer_state(self.optimizer, target)
         hf_device.synchronize()

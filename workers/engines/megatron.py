@@ -30,7 +30,7 @@ from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
 from workers.engines.megatron_state import GradientSync, load_sharded, save_sharded
-from workers.engines.optim import build_optimizer, build_scheduler
+from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
 from workers.models.convert import export_hf, load_stage
 from workers.models.layout import ModelDims
 from workers.models.transformer import PARAM_DTYPES, MegatronCausalLM, parallel_config
@@ -295,9 +295,5 @@ class MegatronEngine:
         self.model.to(target)
         if self.grads is not None:
             self.grads.move_master(target)
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, Tensor) and key != "step":
-                        state[key] = value.to(target, non_blocking=True)
+        move_optimizer_state(self.optimizer, target)
         hf_device.synchronize()

@@ -53,3 +53,13 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state:
     scheduler.load_state_dict(state)
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
         group["lr"] = lr
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer | None, target: torch.device) -> None:
+    """Move AdamW's moment tensors to ``target`` (engine offload/onload); the step count stays put."""
+    if optimizer is None:
+        return
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(target, non_blocking=True)
