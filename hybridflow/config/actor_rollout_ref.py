@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.common import MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import FSDPConfig, MegatronConfig, OptimConfig, path_field
 
 
 @dataclass
@@ -41,6 +41,7 @@ class ActorConfig:
     loss_agg_mode: str = "token-mean"
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
@@ -79,6 +80,7 @@ class RolloutConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # with actor.strategy=fsdp
 
 
 @dataclass

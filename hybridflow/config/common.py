@@ -32,6 +32,16 @@ class OptimConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """Only read when ``strategy == "fsdp"``. ``fsdp_size``: how many data-parallel ranks share one
+    copy of the parameters. -1: all of them (FSDP); 1: none, each rank holds the whole model and
+    gradients are all-reduced (DDP; fastest when the model fits, e.g. small models on CPU);
+    k: HSDP (shard within groups of k, replicate across groups)."""
+
+    fsdp_size: int = -1
+
+
+@dataclass
 class MegatronConfig:
     """Only read when ``strategy == "megatron"``; fsdp requires both to stay 1."""
 

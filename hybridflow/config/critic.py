@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.common import MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import FSDPConfig, MegatronConfig, OptimConfig, path_field
 
 
 @dataclass
@@ -17,6 +17,7 @@ class CriticModelConfig:
     tokenizer_path: str | None = path_field(None)
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = False
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl keeps it under critic.model
 
 
 @dataclass

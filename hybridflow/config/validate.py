@@ -173,13 +173,30 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     if arr.rollout.name == "hf" and rtp != 1:
         errors.append(f"{ARR}.rollout.name=hf runs one full model per worker: set "
                       f"{ARR}.rollout.tensor_model_parallel_size=1 or use name=vllm")
+    side_world = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else world
     if needs_critic(cfg):
-        critic_world = (t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate"
-                        else world)
         ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
-        errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", critic_world,
+        errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
                                    "tp*pp", ctp * cpp))
+    errors.append(_fsdp_size_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config.fsdp_size, world))
+    errors.append(_fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size,
+                                   side_world if t.placement == "separate" else world))
+    errors.append(_fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,
+                                   side_world))
     return [e for e in errors if e]
+
+
+def _fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:
+    key = f"{prefix}.fsdp_config.fsdp_size"
+    if size == -1:
+        return None
+    if strategy != "fsdp":
+        return f"{key}={size} only applies to strategy=fsdp (it is {strategy}): leave it at -1"
+    if size < 1 or world % size:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        return (f"{key}={size} must be -1 (shard over all {world} workers), 1 (replicate) or a divisor of "
+                f"{world}: use one of {[-1] + divisors}")
+    return None
 
 
 def _minibatch_errors(prefix: str, mini: int, mini_key: str, micro: int, micro_key: str,

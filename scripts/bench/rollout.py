@@ -38,6 +38,10 @@ def prompts_batch(batch: int, prompt_len: int, vocab_lo: int, vocab_hi: int, pad
                                 "position_ids": torch.clamp(mask.cumsum(1) - 1, min=0)})
 
 
+# Model shapes for make_tiny_checkpoint (medium = scripts/bench/e2e.py's "medium").
+SIZES = {"tiny": {}, "medium": dict(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, tied=True)}
+
+
 def best_of(repeats: int, fn):
     best = None
     for _ in range(repeats):
@@ -52,6 +56,8 @@ def best_of(repeats: int, fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES),
+                    help="tiny: make_tiny_checkpoint's default; medium: issue 6's ~25M model (e2e.py)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--response-len", type=int, default=64)
@@ -72,7 +78,8 @@ def main():
     from workers.rollout.vllm_rollout import VLLMRollout
 
     init_distributed()
-    path = make_tiny_checkpoint(tempfile.mkdtemp(prefix="bench_rollout_"), arch=args.arch)
+    path = make_tiny_checkpoint(tempfile.mkdtemp(prefix="bench_rollout_"), arch=args.arch,
+                                **SIZES[args.size])
     config = RolloutConfig(prompt_length=args.prompt_len, response_length=args.response_len,
                            temperature=args.temperature, kv_cache_gib=args.kv_cache_gib)
     rollout = VLLMRollout(config, path)

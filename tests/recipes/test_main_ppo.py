@@ -103,10 +103,13 @@ def test_grpo_megatron_tp2_with_reward_model(recipe_assets, tmp_path):
 
 @pytest.mark.slow
 def test_ppo_with_critic_gae(recipe_assets, tmp_path):
+    """Also: actor and critic in the replicated layout (fsdp_size=1: DDP, no sharding); the
+    actor's weights reach vLLM by a local copy."""
     out = str(tmp_path / "run")
     result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2"])
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.model.fsdp_config.fsdp_size=1"])
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean",
                                        "critic/vf_explained_var"))
@@ -123,7 +126,8 @@ def test_remax(recipe_assets, tmp_path):
         "data.train_batch_size=3", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "data.val_batch_size=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"])
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "actor_rollout_ref.ref.fsdp_config.fsdp_size=1"])  # a replicated reference next to a sharded actor
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("timing_s/gen_max", "actor/reward_kl_penalty", "timing_s/ref"))
     # step 1 samples from the reference weights (KL exactly 0); after one update the k1 estimate

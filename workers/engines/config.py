@@ -33,6 +33,9 @@ class EngineConfig:
     micro_batch_size_per_gpu: int = 4
     gradient_checkpointing: bool = False
     use_remove_padding: bool = False
+    # FSDP only: ranks one parameter is sharded over. -1: all data-parallel ranks (FSDP);
+    # 1: none, every rank holds the full model (DDP); k: HSDP, shard within k, replicate across.
+    fsdp_size: int = -1
     seed: int = 0
 
     def validate(self) -> "EngineConfig":
@@ -68,6 +71,11 @@ class EngineConfig:
                 f"({self.warmup_steps}); set it to the number of optimizer steps in the run")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             bad("min_lr_ratio", self.min_lr_ratio, "use a fraction in [0, 1]")
+        if not isinstance(self.fsdp_size, int) or not (self.fsdp_size == -1 or self.fsdp_size >= 1):
+            bad("fsdp_size", self.fsdp_size, "use -1 (shard over all data-parallel ranks), 1 (replicate) or "
+                "a positive divisor of the data-parallel size")
+        if self.fsdp_size != -1 and self.strategy != "fsdp":
+            bad("fsdp_size", self.fsdp_size, "it only applies to strategy='fsdp'; leave it at -1")
         if not isinstance(self.micro_batch_size_per_gpu, int) or self.micro_batch_size_per_gpu < 1:
             bad("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, "use a positive integer")
         return self

@@ -86,6 +86,12 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
      "actor_rollout_ref.actor.megatron.* sizes only apply to actor_rollout_ref.actor.strategy=megatron"),
     (dict(actor_rollout_ref__rollout__name="hf", actor_rollout_ref__rollout__tensor_model_parallel_size=2),
      "actor_rollout_ref.rollout.name=hf runs one full model per worker"),
+    (dict(actor_rollout_ref__actor__fsdp_config__fsdp_size=3),
+     "actor_rollout_ref.actor.fsdp_config.fsdp_size=3 must be -1 (shard over all 2 workers), 1 (replicate) "
+     "or a divisor of 2"),
+    (dict(actor_rollout_ref__ref__fsdp_config__fsdp_size=0), "actor_rollout_ref.ref.fsdp_config.fsdp_size=0 must be"),
+    (dict(critic__strategy="megatron", critic__model__fsdp_config__fsdp_size=2),
+     "critic.model.fsdp_config.fsdp_size=2 only applies to strategy=fsdp"),
     # unknown names
     (dict(algorithm__adv_estimator="grp"), "algorithm.adv_estimator='grp' is unknown (did you mean 'grpo'?)"),
     (dict(actor_rollout_ref__actor__kl_loss_type="k4"), "actor_rollout_ref.actor.kl_loss_type='k4' is unknown"),

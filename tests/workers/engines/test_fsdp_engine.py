@@ -1,7 +1,8 @@
 """FSDPEngine on 2 real gloo ranks vs single-process HF references (tiny tied Qwen2, untied Llama).
 
 One spawned 2-rank job runs every scenario (per architecture: log-probs, one step, checkpoint,
-HF export, resume; gradient checkpointing and bf16 on Qwen2; a critic) and returns its numbers;
+HF export, resume; gradient checkpointing and bf16 on Qwen2; the same for Qwen2 in the replicated
+layout, fsdp_size=1 (DDP); a critic) and returns its numbers; a 4-rank job checks HSDP (2 x 2);
 the tests below check them against references computed here in the parent process, so the
 spawn's start-up cost is paid once.
 """
@@ -46,8 +47,11 @@ def _full_weights(engine, rank):
     return weights if rank == 0 else None
 
 
-def _actor_scenario(rank, world, ckpt, workdir, with_precision_variants):
+def _actor_scenario(rank, world, ckpt, workdir, with_precision_variants, **layout):
     from workers.engines.fsdp import FSDPEngine
+
+    def config(**overrides):  # every engine of the scenario in the same parameter layout
+        return _config(**layout, **overrides)
 
     first = make_rl_batch(ROWS, P, R, VOCAB, seed=1)
     first.meta_info["temperature"] = TEMP
@@ -56,10 +60,10 @@ def _actor_scenario(rank, world, ckpt, workdir, with_precision_variants):
     mine, mine2 = _share(first, rank, world), _share(second, rank, world)
     out = {}
 
-    engine = FSDPEngine(_config(), ckpt, "actor")
+    engine = FSDPEngine(config(), ckpt, "actor")
     assert (engine.dp_rank, engine.dp_size, engine.is_collect) == (rank, world, True)
     out["log_probs"], out["entropy"] = engine.compute_log_prob(mine, TEMP, calculate_entropy=True)
-    packed = FSDPEngine(_config(use_remove_padding=True), ckpt, "ref")
+    packed = FSDPEngine(config(use_remove_padding=True), ckpt, "ref")
     out["packed_log_probs"], _ = packed.compute_log_prob(mine, TEMP)
     del packed
 
@@ -72,17 +76,17 @@ def _actor_scenario(rank, world, ckpt, workdir, with_precision_variants):
     out["weights2"] = _full_weights(engine, rank)
     del engine
 
-    resumed = FSDPEngine(_config(), ckpt, "actor")
+    resumed = FSDPEngine(config(), ckpt, "actor")
     resumed.load_checkpoint(os.path.join(workdir, "ckpt"))
     out["step2_resumed"] = resumed.train_batch(mine2, policy_gradient_loss)
     out["weights2_resumed"] = _full_weights(resumed, rank)
     del resumed
 
     if with_precision_variants:
-        recompute = FSDPEngine(_config(gradient_checkpointing=True), ckpt, "actor")
+        recompute = FSDPEngine(config(gradient_checkpointing=True), ckpt, "actor")
         out["step1_checkpointed"] = recompute.train_batch(mine, policy_gradient_loss)
         del recompute
-        bf16 = FSDPEngine(_config(param_dtype="bf16"), ckpt, "actor")
+        bf16 = FSDPEngine(config(param_dtype="bf16"), ckpt, "actor")
         out["log_probs_bf16"], _ = bf16.compute_log_prob(mine, TEMP)
         out["step1_bf16"] = bf16.train_batch(mine, policy_gradient_loss)
         del bf16
@@ -103,6 +107,8 @@ def _critic_scenario(rank, world, ckpt):
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
+    out["qwen2_replicated"] = _actor_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "replicated"),
+                                              True, fsdp_size=1)
     out["critic"] = _critic_scenario(rank, world, checkpoints["qwen2"])
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
@@ -120,11 +126,12 @@ def engine_runs(tmp_path_factory):
     return {"checkpoints": checkpoints, "root": str(root), "results": results}
 
 
-@pytest.fixture(params=["qwen2", "llama"], ids=["qwen2_tied", "llama_untied"])
+@pytest.fixture(params=["qwen2", "llama", "qwen2_replicated"], ids=["qwen2_tied", "llama_untied", "qwen2_ddp"])
 def actor_run(request, engine_runs):
-    arch = request.param
-    return {"ckpt": engine_runs["checkpoints"][arch], "work": os.path.join(engine_runs["root"], arch),
-            "results": [r[arch] for r in engine_runs["results"]]}
+    key = request.param
+    arch, work = ("qwen2", "replicated") if key == "qwen2_replicated" else (key, key)
+    return {"ckpt": engine_runs["checkpoints"][arch], "work": os.path.join(engine_runs["root"], work),
+            "results": [r[key] for r in engine_runs["results"]]}
 
 
 def _hf_model(path):
@@ -207,8 +214,9 @@ def test_save_hf_loads_in_transformers_with_same_outputs(actor_run):
 
 
 @pytest.mark.slow
-def test_gradient_checkpointing_and_bf16_train_the_same_step(engine_runs):
-    for result in (r["qwen2"] for r in engine_runs["results"]):
+@pytest.mark.parametrize("key", ["qwen2", "qwen2_replicated"])
+def test_gradient_checkpointing_and_bf16_train_the_same_step(engine_runs, key):
+    for result in (r[key] for r in engine_runs["results"]):
         exact, recomputed, bf16 = result["step1"], result["step1_checkpointed"], result["step1_bf16"]
         assert recomputed["grad_norm"] == pytest.approx(exact["grad_norm"], rel=1e-5)
         assert recomputed["pg_loss"] == pytest.approx(exact["pg_loss"], rel=1e-5)
@@ -245,3 +253,28 @@ def test_critic_values_align_with_hf_and_regression_reduces_loss(engine_runs):
         return float(((v - b["returns"]) ** 2)[mask].mean())
     assert mse(after) < mse(values)
     assert losses[0] == pytest.approx(mse(values), rel=1e-5)
+
+
+def _hsdp_scenario(rank, world, ckpt):
+    from workers.engines.fsdp import FSDPEngine
+
+    data = make_rl_batch(ROWS, P, R, VOCAB, seed=1)
+    data.meta_info["temperature"] = TEMP
+    # 2 micro-batches per rank: the first defers the cross-replica all-reduce to the second
+    engine = FSDPEngine(_config(fsdp_size=2, micro_batch_size_per_gpu=1), ckpt, "actor")
+    assert engine.shard_size == 2
+    metrics = engine.train_batch(_share(data, rank, world), policy_gradient_loss)
+    return pickle.dumps({"step1": metrics, "weights1": _full_weights(engine, rank)})
+
+
+@pytest.mark.slow
+def test_hsdp_step_matches_full_sharding(engine_runs):
+    """HSDP on 4 ranks (2 replicas x 2 shards) takes the same step as FSDP over 2 ranks."""
+    ckpt = engine_runs["checkpoints"]["qwen2"]
+    results = [pickle.loads(r) for r in run_distributed(_hsdp_scenario, 4, ckpt, timeout_s=300)]
+    fsdp = engine_runs["results"][0]["qwen2"]
+    for result in results:
+        assert result["step1"]["grad_norm"] == pytest.approx(fsdp["step1"]["grad_norm"], rel=1e-5)
+        assert result["step1"]["pg_loss"] == pytest.approx(fsdp["step1"]["pg_loss"], rel=1e-5, abs=1e-6)
+    for name, param in fsdp["weights1"].items():
+        assert torch.allclose(results[0]["weights1"][name], param, atol=1e-6, rtol=0), name
