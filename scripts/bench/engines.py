@@ -6,7 +6,8 @@ Measured, on one model and one batch (every token real, so no path can skip padd
   forward -> response-token NLL -> backward -> clip -> AdamW step.
 - ``plain_1thread_half_solo``: the same loop on half the batch with 1 thread (one rank's work),
   alone; ``plain_1thread_half_pair``: two such processes at once, no communication (ideal DP).
-- ``fsdp_dp2``: FSDPEngine, 2 ranks x 1 thread, half the batch each.
+- ``fsdp_dp2``: FSDPEngine, 2 ranks x 1 thread, half the batch each, parameters sharded (fsdp_size -1).
+- ``fsdp_dp2_replicated``: the same with ``fsdp_size=1`` (each rank holds the model; DDP all-reduce).
 - ``megatron_tp2`` / ``megatron_pp2``: MegatronEngine, 2 ranks x 1 thread, the whole batch
   (dp=1); PP splits it into ``--pp-micro-batches`` micro-batches for the 1F1B schedule.
 
@@ -122,17 +123,22 @@ def nll_loss_fn(outputs, micro):
 def import_for(group: str) -> None:
     """Import what ``group`` needs before its start-up memory is read (imports are not training)."""
     import transformers  # noqa: F401
-    if group == "fsdp_dp2":
+    if group.startswith("fsdp_dp2"):
         import workers.engines.fsdp  # noqa: F401
     elif group.startswith("megatron"):
         import workers.engines.megatron  # noqa: F401
 
 
 def engine_step_fn(args, kind: str, data):
-    if kind == "fsdp_dp2":
+    if kind.startswith("fsdp_dp2"):
+        from dataclasses import replace
+
         from workers.engines.fsdp import FSDPEngine
 
-        engine = FSDPEngine(engine_config(args, "fsdp", 1, 1, args.rows // 2), args.ckpt, "actor")
+        config = engine_config(args, "fsdp", 1, 1, args.rows // 2)
+        if kind == "fsdp_dp2_replicated":
+            config = replace(config, fsdp_size=1)
+        engine = FSDPEngine(config, args.ckpt, "actor")
     elif kind == "megatron_tp2":
         from workers.engines.megatron import MegatronEngine
 
@@ -211,7 +217,7 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
             dist.destroy_process_group()
 
 
-ENGINE_GROUPS = ("fsdp_dp2", "megatron_tp2", "megatron_pp2")
+ENGINE_GROUPS = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2", "megatron_pp2")
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}
@@ -350,7 +356,7 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
     engines["megatron_pp2"]["micro_batches"] = pp_m
     engines["megatron_pp2"]["ideal_1f1b_bubble_fraction"] = round(1 / (pp_m + 1), 3)  # (p-1)/(m+p-1), p=2
     engines["megatron_tp2"]["micro_batches"] = 1
-    engines["fsdp_dp2"]["micro_batches"] = 1
+    engines["fsdp_dp2"]["micro_batches"] = engines["fsdp_dp2_replicated"]["micro_batches"] = 1
     return {
         "model": {"arch": args.arch, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                   "kv_heads": args.kv_heads, "intermediate": args.intermediate, "dtype": "fp32"},
