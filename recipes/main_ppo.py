@@ -23,12 +23,17 @@ def available_slots(cfg) -> int | None:
     return int((cfg.ray_init.num_cpus or os.cpu_count() or 1) / cfg.trainer.cpus_per_worker + 1e-9)
 
 
+def ray_address_from_env(cfg):
+    """Join the cluster in ``RAY_ADDRESS`` when ``ray_init.address`` is unset: Ray's own convention
+    (``ray.init()`` reads it), which scripts/slurm and ``ray job submit`` rely on."""
+    if not cfg.ray_init.address and os.environ.get("RAY_ADDRESS"):
+        cfg.ray_init.address = os.environ["RAY_ADDRESS"]
+    return cfg
+
+
 def load_and_validate(argv, default_config: str = "ppo"):
     name, overrides = split_cli_args(argv, default_config)
-    cfg = load_config(compose_config(name, overrides))
-    if not cfg.ray_init.address and os.environ.get("RAY_ADDRESS"):
-        # Ray's own convention (ray.init() joins RAY_ADDRESS): scripts/slurm and `ray job submit` set it
-        cfg.ray_init.address = os.environ["RAY_ADDRESS"]
+    cfg = ray_address_from_env(load_config(compose_config(name, overrides)))
     validate(cfg, available_slots=available_slots(cfg))
     return cfg
 

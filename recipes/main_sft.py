@@ -6,12 +6,12 @@ import sys
 
 from hybridflow.config import ConfigError, compose_config, split_cli_args
 from hybridflow.config.sft import load_sft_config, validate_sft
-from recipes.main_ppo import available_slots
+from recipes.main_ppo import available_slots, ray_address_from_env
 
 
 def load_and_validate(argv):
     name, overrides = split_cli_args(argv, "sft")
-    cfg = load_sft_config(compose_config(name, overrides))
+    cfg = ray_address_from_env(load_sft_config(compose_config(name, overrides)))
     validate_sft(cfg, available_slots=available_slots(cfg))
     return cfg
 
@@ -51,7 +51,8 @@ def run(cfg) -> dict:
                           weight_decay=o.weight_decay, betas=tuple(o.betas), adam_eps=o.eps, warmup_steps=warmup,
                           lr_schedule=o.lr_scheduler, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
                           grad_clip=o.clip_grad, micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
-                          gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed)
+                          gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed,
+                          fsdp_size=m.fsdp_config.fsdp_size if m.strategy == "fsdp" else -1)
     use_gpu = t.device == "cuda" or (t.device == "auto" and device.device_type() == "cuda")
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local",

@@ -10,14 +10,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.common import PATH, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import PATH, FSDPConfig, MegatronConfig, OptimConfig, path_field
 from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, model_parallel
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
 from hybridflow.config.ranges import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, optim_rows
 from hybridflow.config.trainer import RayInitConfig
 from hybridflow.config.validate import (
-    DEVICES, TRUNCATION_MODES, check_divides, read_model_config, unknown_name,
+    DEVICES, TRUNCATION_MODES, check_divides, fsdp_size_error, read_model_config, unknown_name,
 )
 
 
@@ -45,6 +45,7 @@ class SFTModelConfig:
     enable_gradient_checkpointing: bool = False
     strategy: str = "fsdp"
     param_dtype: str = "fp32"
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
@@ -123,11 +124,13 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
         errors.append(f"model.megatron: {world} workers cannot be split into tp*pp={tp * pp} groups "
                       "evenly: change the sizes or trainer.n_gpus_per_node")
     else:
+        errors.append(fsdp_size_error("model", m.strategy, m.fsdp_config.fsdp_size, world))
         dp = world // (tp * pp)
         if d.train_batch_size % (d.micro_batch_size_per_gpu * dp):
             errors.append(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
                           f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} x {dp} "
                           "data-parallel workers")
+    errors = [e for e in errors if e]
     if check_paths:
         errors += _sft_path_errors(cfg)
         if model_config is None:

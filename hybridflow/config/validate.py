@@ -178,15 +178,15 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
         ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
         errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
                                    "tp*pp", ctp * cpp))
-    errors.append(_fsdp_size_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config.fsdp_size, world))
-    errors.append(_fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size,
+    errors.append(fsdp_size_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config.fsdp_size, world))
+    errors.append(fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size,
                                    side_world if t.placement == "separate" else world))
-    errors.append(_fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,
+    errors.append(fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,
                                    side_world))
     return [e for e in errors if e]
 
 
-def _fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:
+def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:
     key = f"{prefix}.fsdp_config.fsdp_size"
     if size == -1:
         return None

@@ -166,7 +166,10 @@ class FSDPEngine:
         """Full model on every rank. ``self.model`` stays the plain HF module (inference, export,
         checkpoints and the HF rollout use it); training forwards go through the DDP wrapper."""
         if self.role != "ref":  # a frozen model needs no gradient reduction
-            self._ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+            # gradients live in the all-reduce buckets (no copy in or out); buffers (RoPE tables)
+            # are equal on every rank, so there is nothing to re-broadcast before each forward
+            self._ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
+                                                                  gradient_as_bucket_view=True)
         return model
 
     def _compute_context(self):

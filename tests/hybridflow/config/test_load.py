@@ -151,6 +151,24 @@ def test_sft_batch_must_tile_micro_batches_over_workers():
         validate_sft(cfg, check_paths=False)
 
 
+def test_sft_fsdp_size_must_divide_the_workers():
+    cfg = load_sft_config({"model": {"fsdp_config": {"fsdp_size": 3}}, "data": {"train_batch_size": 16},
+                           "trainer": {"n_gpus_per_node": 2}})
+    with pytest.raises(ConfigError, match=r"model.fsdp_config.fsdp_size=3 must be -1 .* use one of \[-1, 1, 2\]"):
+        validate_sft(cfg, check_paths=False)
+    cfg.model.fsdp_config.fsdp_size = 1
+    validate_sft(cfg, check_paths=False)
+
+
+def test_ray_address_env_joins_an_existing_cluster(monkeypatch):
+    from recipes.main_ppo import ray_address_from_env
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert ray_address_from_env(load_sft_config({})).ray_init.address == "10.0.0.1:6379"
+    explicit = load_config({"ray_init": {"address": "auto"}})
+    assert ray_address_from_env(explicit).ray_init.address == "auto"  # the config wins
+
+
 def test_config_round_trips_through_asdict():
     # The trainer logs dataclasses.asdict(cfg); loading that back must give the same config.
     cfg = load_config(compose_config("ppo"))
