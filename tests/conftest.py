@@ -1,6 +1,13 @@
 import os
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a CI gate must not flake on a new draw);
+# HYPOTHESIS_PROFILE=explore searches fresh examples each run when hunting for bugs.
+settings.register_profile("repeatable", derandomize=True, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -42,9 +42,14 @@ def test_group_advantages_sum_to_zero_within_each_group(batch, name):
     rewards, mask, _, index = batch
     adv, _ = compute_advantage(name, rewards, mask, index=index)
     first_token = adv[:, 0]  # the same value on every token of a response
+    scores = (rewards * mask).sum(-1)
     for group in set(index.tolist()):
         rows = torch.tensor([i for i, g in enumerate(index) if g == group])
-        assert abs(first_token[rows].sum().item()) < 1e-4
+        # fp32 rounding of (score - mean) is ~1e-7 * |score|; GRPO then divides by the group's std,
+        # which hypothesis can make small, so the tolerance scales with |score| / std
+        group_scores = scores[rows]
+        amplification = 1.0 + float(group_scores.abs().max() / (group_scores.std() + 1e-6))
+        assert abs(first_token[rows].sum().item()) < 1e-5 * len(rows) * amplification
 
 
 @FAST
