@@ -1,17 +1,8 @@
 """FSDPEngine: the TrainEngine protocol on HF models sharded with FSDP2 (``fully_shard``).
 
 Data-parallel only (every rank is its own dp rank and its output is collected). ``fsdp_size``
-(verl's ``fsdp_config.fsdp_size``) picks how parameters are laid out over the ``dp`` ranks:
-
-- ``-1`` (default) or ``dp``: FSDP, every parameter sharded over all ranks. Each decoder layer is
-  its own unit, the root unit holds embeddings, final norm and heads.
-- ``1 < k < dp``: HSDP, sharded within groups of ``k`` ranks and replicated across groups (a 2D
-  mesh ``(dp/k, k)``; FSDP2 reduce-scatters in the group and all-reduces across groups).
-- ``1``: every rank holds the full model and gradients are all-reduced by ``DistributedDataParallel``
-  (bucketed, overlapped with backward), with no parameter all-gather in any forward and none when
-  the weights go to the rollout. For models that fit a device several times over this is the fast
-  layout; on a 2-core CPU at 25M parameters a training step measured 2.75 s vs 3.3 s for FSDP, and
-  the weight sync to vLLM dropped from 0.43 s to a local copy.
+picks how parameters are laid out over the ranks: sharded (FSDP), HSDP or replicated (DDP); see
+``workers/engines/fsdp_layout.py``.
 
 Roles:
 
@@ -34,7 +25,6 @@ so no padding token is computed at all. Outputs at response-padding positions ar
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from typing import Iterator
@@ -45,13 +35,12 @@ import torch.distributed.checkpoint as dcp
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
 from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS, LossFn,
                                   active_span, split_micro_batches)
+from workers.engines import fsdp_layout
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
@@ -87,17 +76,6 @@ def _aliased_parameter_names(model: torch.nn.Module) -> set[str]:
     return aliases
 
 
-@contextlib.contextmanager
-def _hsdp_no_all_reduce(model):
-    """HSDP gradient accumulation: reduce-scatter inside the shard group, defer the all-reduce
-    across replica groups to the last micro-batch."""
-    model.set_requires_all_reduce(False, recurse=True)
-    try:
-        yield
-    finally:
-        model.set_requires_all_reduce(True, recurse=True)
-
-
 class FSDPEngine:
     def __init__(self, config: EngineConfig, model_path: str, role: str):
         self.config = config.validate()
@@ -113,12 +91,7 @@ class FSDPEngine:
         self.dp_rank, self.dp_size, self.is_collect = dist.get_rank(), dist.get_world_size(), True
         self.device = hf_device.torch_device(int(os.environ.get("LOCAL_RANK", "0")))
         self._offloaded = False
-        self.shard_size = self.dp_size if config.fsdp_size == -1 else config.fsdp_size
-        if self.shard_size > self.dp_size or self.dp_size % self.shard_size:
-            raise ValueError(f"FSDPEngine: fsdp_size={config.fsdp_size} must divide the {self.dp_size} "
-                             f"data-parallel ranks: use -1 (shard over all), 1 (replicate) or one of "
-                             f"{[d for d in range(1, self.dp_size + 1) if self.dp_size % d == 0]}")
-        self._ddp = None  # the DistributedDataParallel wrapper in the replicated layout
+        self.shard_size = fsdp_layout.resolve_shard_size(config.fsdp_size, self.dp_size)
 
         torch.manual_seed(config.seed)  # the critic's new head must start identical on all ranks
         model = _load_hf_model(model_path, role)
@@ -129,59 +102,24 @@ class FSDPEngine:
         if config.gradient_checkpointing and role != "ref":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
-        self.model = self._shard(model)
+        # self.model stays the HF module (inference, export, checkpoints, the HF rollout); in the
+        # replicated layout training forwards go through the DDP wrapper instead
+        self._ddp = fsdp_layout.place(model, shard_size=self.shard_size, dp_size=self.dp_size,
+                                      param_dtype=config.param_dtype, trainable=role != "ref")
+        self.model = model
 
         self.optimizer = self.scheduler = None
         if role != "ref":
             self.optimizer = build_optimizer(self.model.parameters(), config)
             self.scheduler = build_scheduler(self.optimizer, config)
 
-    # ------------------------------------------------------------------ setup
-    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.shard_size == 1 and self.dp_size > 1:
-            return self._replicate(model)
-        if self.shard_size == self.dp_size:
-            mesh = init_device_mesh(hf_device.device_type(), (self.dp_size,), mesh_dim_names=("dp",))
-        else:  # HSDP: dim 0 replicates, dim 1 shards (FSDP2 reads a 2D mesh this way)
-            mesh = init_device_mesh(hf_device.device_type(), (self.dp_size // self.shard_size, self.shard_size),
-                                    mesh_dim_names=("dp_replicate", "dp_shard"))
-        if self.config.param_dtype == "bf16":
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        else:
-            mp = MixedPrecisionPolicy()
-        layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-        layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-        if not layers:
-            raise ValueError(f"FSDPEngine: found no decoder layers ({sorted(layer_classes)}) in "
-                             f"{self.architecture}; this engine supports HF decoder-only models")
-        # reshard_after_forward stays True: with False a forward-only pass (log-probs, the
-        # reference) leaves unsharded copies that later weight edits and exports would not see
-        # (the FSDP -> vLLM reshard test caught stale weights), for an 8% CPU saving.
-        for layer in layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        return model
-
-    def _replicate(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Full model on every rank. ``self.model`` stays the plain HF module (inference, export,
-        checkpoints and the HF rollout use it); training forwards go through the DDP wrapper."""
-        if self.role != "ref":  # a frozen model needs no gradient reduction
-            # gradients live in the all-reduce buckets (no copy in or out); buffers (RoPE tables)
-            # are equal on every rank, so there is nothing to re-broadcast before each forward
-            self._ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
-                                                                  gradient_as_bucket_view=True)
-        return model
-
+    # ------------------------------------------------------------------ forward
     def _compute_context(self):
-        """bf16 autocast in the replicated layout (FSDP2 casts through its MixedPrecisionPolicy)."""
-        if self.shard_size == 1 and self.config.param_dtype == "bf16":
-            return torch.autocast(hf_device.device_type(), dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return fsdp_layout.compute_context(self.shard_size, self.config.param_dtype)
 
     def _module(self) -> torch.nn.Module:
         return self._ddp if self._ddp is not None and torch.is_grad_enabled() else self.model
 
-    # ------------------------------------------------------------------ forward
     def _forward(self, micro, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
         """Outputs for one micro-batch: log_probs (+entropy) or values, each ``[m, R]``."""
         batch = micro.batch
@@ -310,16 +248,8 @@ class FSDPEngine:
         return result
 
     def _accumulating(self, last: bool):
-        """Reduce gradients across replicas only after the last micro-batch of a mini-batch.
-        (Sharded FSDP still reduce-scatters each micro-batch: holding unsharded gradients until
-        the end would cost the memory sharding saves.)"""
-        if last:
-            return contextlib.nullcontext()
-        if self._ddp is not None:
-            return self._ddp.no_sync()
-        if 1 < self.shard_size < self.dp_size:
-            return _hsdp_no_all_reduce(self.model)
-        return contextlib.nullcontext()
+        return fsdp_layout.accumulation_context(self.model, self._ddp, shard_size=self.shard_size,
+                                                dp_size=self.dp_size, last=last)
 
     def _mini_batch_tokens(self, data) -> int:
         batch = data.batch

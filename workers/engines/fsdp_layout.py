@@ -1,0 +1,100 @@
+"""Where the FSDP engine's parameters live across its data-parallel ranks (``fsdp_size``).
+
+verl's ``fsdp_config.fsdp_size`` picks one of three layouts:
+
+- ``-1`` (default) or ``dp``: FSDP. Every parameter is sharded over all ranks; each decoder layer
+  is its own unit and the root unit holds embeddings, final norm and heads.
+- ``1 < k < dp``: HSDP. Sharded within groups of ``k`` ranks and replicated across groups (a 2D
+  mesh ``(dp/k, k)``); FSDP2 reduce-scatters within a group and all-reduces across groups.
+- ``1``: replicated. Every rank holds the full model and ``DistributedDataParallel`` all-reduces
+  the gradients (bucketed, overlapped with backward). No forward gathers parameters and the
+  weight sync to the rollout is a local copy. For models that fit a device several times over
+  this is the fast layout: on a 2-core CPU at 25M parameters a training step measured 2.5 s vs
+  3.3 s sharded, and the sync to vLLM went from 0.43 s to 0.12 s.
+
+The HF module itself is what callers keep: sharded layouts change it in place (FSDP2), the
+replicated one wraps it in a DDP object used only for training forwards.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from hybridflow import device as hf_device
+
+
+def resolve_shard_size(fsdp_size: int, dp_size: int) -> int:
+    """Ranks that share one copy of the parameters; ValueError naming the fix if it cannot be."""
+    size = dp_size if fsdp_size == -1 else fsdp_size
+    if size < 1 or size > dp_size or dp_size % size:
+        divisors = [d for d in range(1, dp_size + 1) if dp_size % d == 0]
+        raise ValueError(f"FSDPEngine: fsdp_size={fsdp_size} must divide the {dp_size} data-parallel ranks: "
+                         f"use -1 (shard over all), 1 (replicate) or one of {divisors}")
+    return size
+
+
+def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype: str,
+          trainable: bool) -> torch.nn.parallel.DistributedDataParallel | None:
+    """Lay ``model`` out in place; returns the DDP wrapper in the replicated layout (None for a
+    frozen model, which needs no gradient reduction, and for the sharded layouts)."""
+    if shard_size == 1 and dp_size > 1:
+        if not trainable:
+            return None
+        # gradients live in the all-reduce buckets (no copy in or out); buffers (RoPE tables) are
+        # equal on every rank, so nothing is re-broadcast before each forward
+        return torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
+                                                         gradient_as_bucket_view=True)
+    if shard_size == dp_size:
+        mesh = init_device_mesh(hf_device.device_type(), (dp_size,), mesh_dim_names=("dp",))
+    else:  # HSDP: dim 0 replicates, dim 1 shards (FSDP2 reads a 2D mesh this way)
+        mesh = init_device_mesh(hf_device.device_type(), (dp_size // shard_size, shard_size),
+                                mesh_dim_names=("dp_replicate", "dp_shard"))
+    if param_dtype == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise ValueError(f"FSDPEngine: found no decoder layers ({sorted(layer_classes)}) in "
+                         f"{type(model).__name__}; this engine supports HF decoder-only models")
+    # reshard_after_forward stays True: with False a forward-only pass (log-probs, the reference)
+    # leaves unsharded copies that later weight edits and exports would not see (the FSDP -> vLLM
+    # reshard test caught stale weights), for an 8% CPU saving.
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return None
+
+
+def compute_context(shard_size: int, param_dtype: str):
+    """bf16 autocast in the replicated layout (FSDP2 casts through its MixedPrecisionPolicy)."""
+    if shard_size == 1 and param_dtype == "bf16":
+        return torch.autocast(hf_device.device_type(), dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def accumulation_context(model, ddp, *, shard_size: int, dp_size: int, last: bool):
+    """Reduce gradients across replicas only after the last micro-batch of a mini-batch.
+    (Sharded FSDP still reduce-scatters each micro-batch: holding unsharded gradients until the
+    end would cost the memory sharding saves.)"""
+    if last:
+        return contextlib.nullcontext()
+    if ddp is not None:
+        return ddp.no_sync()
+    if 1 < shard_size < dp_size:
+        return _hsdp_no_all_reduce(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _hsdp_no_all_reduce(model):
+    """HSDP: reduce-scatter inside the shard group now, the all-reduce across groups later."""
+    model.set_requires_all_reduce(False, recurse=True)
+    try:
+        yield
+    finally:
+        model.set_requires_all_reduce(True, recurse=True)
