@@ -136,7 +136,7 @@ def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_o
     tp, pp = model_parallel(strategy, megatron)
     return dict(
         strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
-        fsdp_size=fsdp_size if strategy == "fsdp" else -1,
+        fsdp_size=fsdp_size,
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
         warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
         min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,

@@ -179,8 +179,7 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
         errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
                                    "tp*pp", ctp * cpp))
     errors.append(fsdp_size_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config.fsdp_size, world))
-    errors.append(fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size,
-                                   side_world if t.placement == "separate" else world))
+    errors.append(fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size, side_world))
     errors.append(fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,
                                    side_world))
     return [e for e in errors if e]

@@ -22,6 +22,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
+from e2e import SIZES as E2E_SIZES  # noqa: E402  (this folder is sys.path[0] when run as a script)
 
 
 def prompts_batch(batch: int, prompt_len: int, vocab_lo: int, vocab_hi: int, pad: int, seed: int):
@@ -38,8 +39,8 @@ def prompts_batch(batch: int, prompt_len: int, vocab_lo: int, vocab_hi: int, pad
                                 "position_ids": torch.clamp(mask.cumsum(1) - 1, min=0)})
 
 
-# Model shapes for make_tiny_checkpoint (medium = scripts/bench/e2e.py's "medium").
-SIZES = {"tiny": {}, "medium": dict(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, tied=True)}
+# Model shapes for make_tiny_checkpoint: its default, and e2e.py's "medium" (issue 6's ~25M model)
+SIZES = {"tiny": {}, "medium": E2E_SIZES["medium"]}
 
 
 def best_of(repeats: int, fn):
