@@ -52,6 +52,26 @@ class SFTWorker(Worker):
         return DataProto.from_dict({"nll_sum": (-log_probs * mask).sum(-1), "tokens": mask.sum(-1)})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> bool:
+        """The engine's sharded state, this rank's RNG and (rank 0) the metadata hybridflow.export
+        reads: the same folder layout as the RL actor's (hybridflow/trainer/checkpoint.py)."""
+        from hybridflow.trainer import checkpoint as ckpt
+
+        self.engine.save_checkpoint(path)
+        ckpt.save_worker_rng(path, self.rank)
+        if self.rank == 0:
+            ckpt.save_engine_meta(self.engine, path, self.world_size)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> bool:
+        from hybridflow.trainer import checkpoint as ckpt
+
+        self.engine.load_checkpoint(path)
+        ckpt.load_worker_rng(path, self.rank)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf(self, path: str) -> bool:
         self.engine.save_hf(path)
         return True

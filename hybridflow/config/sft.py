@@ -56,11 +56,12 @@ class SFTTrainerConfig:
     n_gpus_per_node: int = 1
     total_epochs: int = 3
     total_training_steps: int | None = None
-    save_freq: int = -1
-    test_freq: int = -1
+    save_freq: int = -1  # steps between checkpoints (and one at the end); -1: none
+    test_freq: int = -1  # steps between validations; -1: at the end of every epoch
     default_local_dir: str = path_field("checkpoints/hybridflow-sft/sft")
     hf_output_dir: str = path_field("data/models/tiny-qwen2-sft")  # the final HF checkpoint
-    resume_mode: str = "disable"
+    resume_mode: str = "disable"  # auto | disable | a global_step_* folder
+    max_ckpt_to_keep: int | None = None  # None: keep all
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project_name: str = "hybridflow-sft"
     experiment_name: str = "sft"
@@ -102,6 +103,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
             ("trainer.total_epochs", t.total_epochs, POSITIVE),
             ("trainer.total_training_steps", t.total_training_steps, OPTIONAL_POSITIVE),
             ("trainer.save_freq", t.save_freq, FREQ), ("trainer.test_freq", t.test_freq, FREQ),
+            ("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, OPTIONAL_POSITIVE),
             ("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
             ("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0)]
     errors = [f"{k}={val!r} must be {rule[1]}" for k, val, rule in rows if not rule[0](val)]

@@ -1,11 +1,18 @@
 """Supervised fine-tuning loop (a warm start before RL): one optimizer step per batch of
-``data.train_batch_size`` sequences, validation NLL per epoch, HF checkpoint at the end."""
+``data.train_batch_size`` sequences, validation NLL every ``test_freq`` steps (or per epoch),
+checkpoints every ``save_freq`` steps in the RL trainer's folder layout, so ``resume_mode`` and
+``python -m hybridflow.export`` work the same way for both."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 
+import torch
+
 from hybridflow.protocol import DataProto
+from hybridflow.trainer import checkpoint as ckpt
 
 
 class SFTTrainer:
@@ -20,9 +27,11 @@ class SFTTrainer:
     def fit(self) -> list[dict]:
         from tqdm import tqdm
 
+        t = self.cfg.trainer
+        self._maybe_resume()
         history = []
-        bar = tqdm(total=self.total_steps, desc="sft", unit="step", disable=not self.progress, dynamic_ncols=True)
-        epoch = self.train_loader.epoch
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="sft", unit="step",
+                   disable=not self.progress, dynamic_ncols=True)
         while self.global_step < self.total_steps:
             batch = DataProto.from_single_dict(self.train_loader.next_batch())
             self.global_step += 1
@@ -31,9 +40,14 @@ class SFTTrainer:
             metrics = {("train/" + k if "/" not in k else k): v for k, v in metrics.items()}
             metrics["timing_s/step"] = time.perf_counter() - t0
             last = self.global_step == self.total_steps
-            if self.val_loader is not None and (self.train_loader.epoch != epoch or last):
+            epoch_done = self.train_loader.batch_in_epoch >= len(self.train_loader)
+            due = self.global_step % t.test_freq == 0 if t.test_freq > 0 else epoch_done
+            if self.val_loader is not None and (due or last):
                 metrics.update(self.validate())
-                epoch = self.train_loader.epoch
+            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
+                t0 = time.perf_counter()
+                self.save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
             self.tracker.log(metrics, step=self.global_step)
             history.append({"step": self.global_step, **metrics})
             bar.update(1)
@@ -49,6 +63,45 @@ class SFTTrainer:
             tokens += float(out.batch["tokens"].sum())
         mean = nll / max(tokens, 1.0)
         return {"val/nll": mean, "val/perplexity": math.exp(min(mean, 50.0))}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> str:
+        """global_step_N/actor (engine + worker RNG), trainer_state.pt, then the manifest and the
+        tracker, in that order, as in the RL trainer: a crash mid-save leaves the previous one."""
+        t = self.cfg.trainer
+        path = ckpt.step_dir(t.default_local_dir, self.global_step)
+        if os.path.exists(path):  # a partial folder left by a crash during an earlier save
+            shutil.rmtree(path)
+        os.makedirs(path)
+        self.group.save_checkpoint(os.path.join(path, "actor"))
+        torch.save({"global_step": self.global_step, "loader": self.train_loader.state_dict(),
+                    "rng": ckpt.controller_rng_state()}, os.path.join(path, ckpt.TRAINER_STATE))
+        ckpt.write_manifest(path, self.global_step, self.worker_layout())
+        ckpt.write_tracker(t.default_local_dir, self.global_step)
+        ckpt.prune(t.default_local_dir, t.max_ckpt_to_keep)
+        return path
+
+    def worker_layout(self) -> dict:
+        from hybridflow.config.derived import model_parallel
+
+        m = self.cfg.model
+        tp, pp = model_parallel(m.strategy, m.megatron)
+        return {"sft": {"world_size": self.group.world_size, "strategy": m.strategy, "tp": tp, "pp": pp,
+                        "fsdp_size": m.fsdp_config.fsdp_size}}
+
+    def _maybe_resume(self) -> None:
+        t = self.cfg.trainer
+        path = ckpt.find_resume_dir(t.default_local_dir, t.resume_mode)
+        if path is None:
+            return
+        manifest = ckpt.check_complete(path)
+        ckpt.check_layout(path, manifest["layout"], self.worker_layout())
+        state = torch.load(os.path.join(path, ckpt.TRAINER_STATE), weights_only=False)
+        self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
+        self.group.load_checkpoint(os.path.join(path, "actor"))
+        ckpt.set_controller_rng_state(state["rng"])
+        self.global_step = state["global_step"]
+        print(f"resumed from {path} at step {self.global_step}", flush=True)
 
 
 def _first(results):
