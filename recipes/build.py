@@ -25,7 +25,7 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
                                clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
                                entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
                                kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
-                               loss_agg_mode=a.loss_agg_mode)
+                               loss_agg_mode=a.loss_agg_mode, skip_zero_advantage=a.skip_zero_advantage)
     return ActorRolloutRefSettings(
         model_path=arr.model.path, roles=tuple(roles), actor=engine, ref=ref,
         rollout=RolloutConfig(**rollout_engine_kwargs(cfg)), objective=objective,

@@ -176,14 +176,14 @@ class ActorRolloutRefWorker(Worker):
         loss_fn = make_actor_loss_fn(s.objective)
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
-        count = 0
+        counts: dict[str, int] = {}  # a mini-batch whose rows were all skipped reports no loss metrics
         for mini in data.make_iterator(rows, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed):
-            for k, v in engine.train_batch(mini, loss_fn).items():
+            for k, v in engine.train_batch(mini, loss_fn, skip_rows=s.objective.inert_rows(mini.batch)).items():
                 key = k if "/" in k else f"actor/{k}"
                 sums[key] = sums.get(key, 0.0) + float(v)
-            count += 1
+                counts[key] = counts.get(key, 0) + 1
         self._weights_stale = True
-        metrics = {k: v / count for k, v in sums.items()}
+        metrics = {k: v / counts[k] for k, v in sums.items()}
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - t0
         return metrics
 

@@ -62,6 +62,30 @@ def seq_mean_token_sum_norm(loss_mat: Tensor, loss_mask: Tensor, norm_length: in
     return seq_sums.mean() / length
 
 
+def agg_loss_parts(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str,
+                   norm_length: int | None = None) -> tuple[Tensor, Tensor]:
+    """(numerator, denominator) with ``agg_loss = numerator / denominator`` for one batch, where
+    both parts *add up* over disjoint sets of rows. Summing them over every micro-batch and
+    data-parallel rank of a mini-batch gives the mode's value on the whole mini-batch, which is
+    what hybridflow/algorithms/mini_batch_agg.py back-propagates.
+
+    The denominator depends on the mask alone: tokens (token-mean), non-empty rows
+    (seq-mean-token-*), or all rows (seq-mean-token-sum-norm, whose numerator carries the 1/L).
+    """
+    get_loss_agg(loss_agg_mode)  # the same error for an unknown name
+    mask = loss_mask.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * mask).sum(), mask.sum()
+    keep = _nonempty_rows(loss_mask)
+    seq_sums = masked_sum(loss_mat, loss_mask, dim=-1)
+    if loss_agg_mode == "seq-mean-token-sum":
+        return seq_sums[keep].sum(), keep.sum().to(loss_mat.dtype)
+    if loss_agg_mode == "seq-mean-token-mean":
+        return masked_mean(loss_mat, loss_mask, dim=-1)[keep].sum(), keep.sum().to(loss_mat.dtype)
+    length = loss_mat.shape[-1] if norm_length is None else norm_length
+    return seq_sums.sum() / length, torch.tensor(float(loss_mat.shape[0]), dtype=loss_mat.dtype)
+
+
 LOSS_AGG_MODES: dict[str, LossAggFn] = {
     "token-mean": token_mean,
     "seq-mean-token-sum": seq_mean_token_sum,

@@ -1,9 +1,14 @@
-"""The per-micro-batch objectives the training engines minimise (actor and critic).
+"""The objectives the training engines minimise (actor and critic).
 
 Each builder returns a ``loss_fn(outputs, micro_batch) -> (loss, metrics)`` as the engine protocol
 expects (workers/engines/base.py). The actor objective is PPO's clipped surrogate (Schulman et al.
 2017, eq. 7) minus an entropy bonus (eq. 9's c2 term) plus, for GRPO, a KL-to-reference term in the
 loss (Shao et al. 2024, eq. 3) instead of in the reward.
+
+Every term is aggregated over the whole mini-batch (``loss_agg_mode`` on all micro-batches and
+ranks together, mini_batch_agg.py), not averaged per micro-batch: the step does not depend on
+``ppo_micro_batch_size_per_gpu`` or the data-parallel size. The metrics are per micro-batch
+values, averaged by the engine.
 """
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.algorithms.kl import kl_loss
-from hybridflow.algorithms.loss_agg import agg_entropy
+from hybridflow.algorithms.kl import kl_penalty
+from hybridflow.algorithms.loss_agg import agg_entropy, agg_loss
+from hybridflow.algorithms.mini_batch_agg import mini_batch_agg
 from hybridflow.algorithms.policy_loss import PolicyLossConfig, ppo_clip_loss
 from hybridflow.algorithms.value_loss import clipped_value_loss
 
@@ -32,10 +38,21 @@ class ActorObjective:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
+    skip_zero_advantage: bool = True
 
     @property
     def needs_entropy(self) -> bool:
         return True  # cheap next to the forward pass, and actor/entropy is a standard diagnostic
+
+    def inert_rows(self, batch) -> torch.Tensor | None:
+        """Rows whose loss and gradient are identically zero, which the engine may leave out:
+        with no entropy bonus and no KL loss, a row whose advantage is 0 on every response token
+        (a GRPO group where every sample scored the same) contributes -0 * ratio everywhere. None
+        when the objective has a term that every row feeds."""
+        if not self.skip_zero_advantage or self.entropy_coeff or self.use_kl_loss:
+            return None
+        adv = batch["advantages"] * batch["response_mask"].to(batch["advantages"].dtype)
+        return (adv == 0).all(dim=-1)
 
 
 def make_actor_loss_fn(obj: ActorObjective):
@@ -51,7 +68,8 @@ def make_actor_loss_fn(obj: ActorObjective):
         # No old log-probs: the update is strictly on-policy and this forward is the old policy.
         old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
         pg = ppo_clip_loss(old_log_prob, log_prob, b["advantages"], mask, policy_cfg)
-        loss = pg.pg_loss
+        rows, meta, mode = len(micro), micro.meta_info, obj.loss_agg_mode
+        loss = mini_batch_agg(pg.token_losses, mask, mode, meta, rows)
         metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
                    "actor/ppo_kl": _f(pg.ppo_kl), "actor/pg_clipfrac_lower": _f(pg.pg_clipfrac_lower)}
         if on_policy and "rollout_log_probs" in b.keys():
@@ -61,14 +79,13 @@ def make_actor_loss_fn(obj: ActorObjective):
                 metrics["training/rollout_probs_diff_max"] = float(diff.max())
                 metrics["training/rollout_probs_diff_mean"] = float(diff.mean())
         if outputs.get("entropy") is not None:
-            entropy = agg_entropy(outputs["entropy"], mask, obj.loss_agg_mode)
-            metrics["actor/entropy"] = _f(entropy)
+            metrics["actor/entropy"] = _f(agg_entropy(outputs["entropy"], mask, mode))
             if obj.entropy_coeff:
-                loss = loss - obj.entropy_coeff * entropy
+                loss = loss - obj.entropy_coeff * mini_batch_agg(outputs["entropy"], mask, mode, meta, rows)
         if obj.use_kl_loss:
-            kl = kl_loss(log_prob, b["ref_log_prob"], mask, obj.kl_loss_type, obj.loss_agg_mode)
-            loss = loss + obj.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = _f(kl)
+            kl = kl_penalty(log_prob, b["ref_log_prob"], obj.kl_loss_type)
+            loss = loss + obj.kl_loss_coef * mini_batch_agg(kl, mask, mode, meta, rows)
+            metrics["actor/kl_loss"] = _f(agg_loss(kl, mask, mode))
             metrics["actor/kl_coef"] = obj.kl_loss_coef
         return loss, metrics
 
@@ -80,6 +97,7 @@ def make_critic_loss_fn(cliprange_value: float | None = 0.5, loss_agg_mode: str 
         b = micro.batch
         mask = b["response_mask"].to(outputs["values"].dtype)
         out = clipped_value_loss(outputs["values"], b["values"], b["returns"], mask, cliprange_value, loss_agg_mode)
-        return out.vf_loss, {"critic/vf_loss": _f(out.vf_loss), "critic/vf_clipfrac": _f(out.vf_clipfrac)}
+        loss = mini_batch_agg(out.token_losses, mask, loss_agg_mode, micro.meta_info, len(micro))
+        return loss, {"critic/vf_loss": _f(out.vf_loss), "critic/vf_clipfrac": _f(out.vf_clipfrac)}
 
     return loss_fn

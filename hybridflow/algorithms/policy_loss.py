@@ -62,6 +62,7 @@ class PolicyLossOutput(NamedTuple):
     pg_clipfrac: Tensor  # fraction of valid tokens where the upper/lower PPO clip was active
     ppo_kl: Tensor  # masked mean of (old_log_prob - log_prob): k1 estimate of KL(old || new)
     pg_clipfrac_lower: Tensor  # fraction of valid tokens where the dual-clip bound was active
+    token_losses: Tensor | None = None  # [B, R] before aggregation (for a mini-batch-wide aggregate)
 
 
 def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -94,7 +95,7 @@ def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, re
         pg_clipfrac_lower = masked_mean(((ppo_losses > dual_bound) & negative).float(), response_mask)
 
     pg_loss = agg_loss(losses, response_mask, config.loss_agg_mode)
-    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)
+    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, losses)
 
 
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossConfig], PolicyLossOutput]

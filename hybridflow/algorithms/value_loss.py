@@ -23,6 +23,7 @@ from hybridflow.algorithms.masked import masked_mean
 class ValueLossOutput(NamedTuple):
     vf_loss: Tensor  # scalar, differentiable
     vf_clipfrac: Tensor  # fraction of valid tokens where the clipped branch was the larger loss
+    token_losses: Tensor | None = None  # [B, R], 0.5 * squared error, before aggregation
 
 
 def clipped_value_loss(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: Tensor,
@@ -33,11 +34,12 @@ def clipped_value_loss(vpreds: Tensor, values: Tensor, returns: Tensor, response
     unclipped = (vpreds - returns) ** 2
     if cliprange_value is None:
         return ValueLossOutput(0.5 * agg_loss(unclipped, response_mask, loss_agg_mode),
-                               torch.zeros((), dtype=unclipped.dtype))
+                               torch.zeros((), dtype=unclipped.dtype), 0.5 * unclipped)
     if cliprange_value <= 0:
         raise ValueError(f"critic.cliprange_value must be > 0 (got {cliprange_value}); use null to disable clipping")
     vpred_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     clipped = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode)
+    token_losses = 0.5 * torch.maximum(unclipped, clipped)
+    vf_loss = agg_loss(token_losses, response_mask, loss_agg_mode)
     vf_clipfrac = masked_mean((clipped > unclipped).float(), response_mask)
-    return ValueLossOutput(vf_loss, vf_clipfrac)
+    return ValueLossOutput(vf_loss, vf_clipfrac, token_losses)

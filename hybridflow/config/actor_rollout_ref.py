@@ -39,6 +39,9 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
+    # leave out rows whose advantage is 0 on every token when no entropy or KL loss term needs
+    # them: the same step (the loss is normalised over the whole mini-batch), less compute
+    skip_zero_advantage: bool = True
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)

@@ -9,6 +9,7 @@ warm-up, allocator growth, the first weight sync) of every ``timing_s/*`` stage,
     .venv/bin/python scripts/bench/e2e.py                          # demo + medium, beta 0 and KL
     .venv/bin/python scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python   # + TRL ratio
     .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=bf16
+    .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, and ``ratio_to_trl`` is our median step time
@@ -82,7 +83,7 @@ def median_after_warmup(records: list[dict], warmup: int) -> tuple[dict[str, flo
     """Median of every numeric timing/perf metric over the steps after ``warmup``."""
     steps = [r for r in records if r.get("step", 0) > warmup] or records
     keys = sorted({k for r in steps for k in r if k.startswith(("timing_s/", "perf/", "response_length/mean",
-                                                                "critic/score/mean"))})
+                                                                "critic/score/mean", "actor/skipped_rows_frac"))})
     out = {}
     for k in keys:
         vals = [r[k] for r in steps if isinstance(r.get(k), (int, float))]
@@ -107,16 +108,18 @@ def summarise(records: list[dict], warmup: int, prompts: int, samples: int) -> d
         "gen_response_tokens_per_s": round(resp_tokens / stages["gen"], 1) if stages.get("gen") else None,
         "response_length_mean": round(med.get("response_length/mean", float("nan")), 2),
         "score_mean": round(med.get("critic/score/mean", float("nan")), 4),
+        # rows left out of the update because their advantage is 0 (actor.skip_zero_advantage)
+        "skipped_rows_frac": round(med["actor/skipped_rows_frac"], 3) if "actor/skipped_rows_frac" in med else None,
     }
 
 
-def run_ours(args, paths: dict, size: str, mode: str) -> dict:
-    run_dir = os.path.join(args.work_dir, "runs", f"{size}-{mode}")
+def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (), tag: str = "") -> dict:
+    run_dir = os.path.join(args.work_dir, "runs", f"{size}-{mode}{tag}")
     metrics_file = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_file):
         os.remove(metrics_file)  # the jsonl logger appends; a stale file would mix runs
     cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
-           *recipe_overrides(args, paths[size], paths["data"], run_dir, MODES[mode])]
+           *recipe_overrides(args, paths[size], paths["data"], run_dir, MODES[mode]), *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - t0
@@ -165,6 +168,8 @@ def parse_args(argv):
     p.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
     p.add_argument("--trl-args", default="", help="extra flags for trl_grpo_baseline.py, written --trl-args=\"--bf16\"")
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-e2e"))
+    p.add_argument("--no-skip-too", action="store_true",
+                   help="in beta0 mode also run with actor.skip_zero_advantage=false (every row computed)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -197,6 +202,9 @@ def main(argv=None) -> int:
     for size in args.sizes:
         for mode in args.modes:
             entry = {"hybridflow": run_ours(args, paths, size, mode)}
+            if args.no_skip_too and not MODES[mode]:
+                entry["hybridflow_no_skip"] = run_ours(args, paths, size, mode,
+                                                       ("actor_rollout_ref.actor.skip_zero_advantage=false",), "-noskip")
             if args.trl_python:
                 entry["trl"] = run_trl(args, paths, size, mode)
                 entry["trl_source"] = "measured in this invocation"
@@ -207,6 +215,9 @@ def main(argv=None) -> int:
             if ours and trl:
                 entry["ratio_to_trl"] = round(ours / trl, 3)
                 entry["goal_ratio"] = 0.5
+                no_skip = entry.get("hybridflow_no_skip", {}).get("step_s")
+                if no_skip:
+                    entry["ratio_to_trl_no_skip"] = round(no_skip / trl, 3)
             entry["load_avg_1m_after"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
             report["results"][f"{size}/{mode}"] = entry
             print(f"[e2e] {size}/{mode}: ours {ours} s/step, trl {trl}", file=sys.stderr, flush=True)

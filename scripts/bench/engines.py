@@ -92,8 +92,8 @@ def plain_step_fn(args, data, device):
     model = AutoModelForCausalLM.from_pretrained(args.ckpt, dtype=torch.float32).to(device)
     model.config.use_cache = False
     model.train()
-    # same optimizer settings as workers/engines/optim.py (foreach=False there too)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, foreach=False)
+    # same optimizer settings as workers/engines/optim.py (fused AdamW)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
     b = data.to(device).batch
     resp_len = b["responses"].shape[1]
     mask = b["response_mask"].float()

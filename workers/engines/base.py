@@ -5,23 +5,27 @@ Loss scaling, once for both engines. ``train_batch`` receives this rank's share 
 mini-batch, splits it into micro-batches, and back-propagates ``loss_fn(...) * micro_rows /
 mini_rows`` for each; the data-parallel gradient reduction then *averages* over the ``dp_size``
 ranks. So a loss_fn that returns a per-micro-batch mean trains on the row-weighted mean of those
-means (verl's classic behaviour). A loss_fn that wants the exact token mean over the whole
-mini-batch on all ranks uses :func:`mini_batch_token_mean`, which undoes both factors with the
-numbers the engine puts into every micro-batch's ``meta_info`` (keys below).
+means (verl's classic behaviour). The losses hybridflow ships aggregate over the whole mini-batch
+on all ranks instead (hybridflow/algorithms/mini_batch_agg.py): they undo both factors with the
+numbers the engine puts into every micro-batch's ``meta_info`` (``mini_batch_meta``).
+
+``train_batch(..., skip_rows=)`` leaves out rows whose loss and gradient are identically zero
+(``compact_rows``); with a whole-mini-batch loss that gives the same step, for less compute.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
+# The meta_info keys train_batch adds to every micro-batch (re-exported for loss functions).
+from hybridflow.algorithms.mini_batch_agg import (  # noqa: F401
+    META_DP_SIZE, META_GLOBAL_NONEMPTY_ROWS, META_GLOBAL_ROWS, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS,
+    mini_batch_agg,
+)
 from workers.engines.config import EngineConfig
-
-# Added by train_batch to every micro-batch's meta_info before loss_fn sees it.
-META_DP_SIZE = "dp_size"                          # data-parallel ranks the gradient is averaged over
-META_MINI_BATCH_ROWS = "mini_batch_rows"          # rows of the mini-batch on this rank
-META_GLOBAL_TOKENS = "mini_batch_response_tokens"  # response_mask.sum() of the mini-batch, all ranks
 
 LossFn = Callable[[dict[str, Tensor], Any], tuple[Tensor, dict[str, float]]]
 """``loss_fn(outputs, micro_batch) -> (scalar loss, metrics)``.
@@ -44,7 +48,7 @@ class TrainEngine(Protocol):
 
     def compute_values(self, data) -> Tensor: ...
 
-    def train_batch(self, data, loss_fn: LossFn) -> dict[str, float]: ...
+    def train_batch(self, data, loss_fn: LossFn, skip_rows: Tensor | None = None) -> dict[str, float]: ...
 
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]: ...
 
@@ -92,18 +96,59 @@ def active_span(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]:
 
 def mini_batch_token_mean(token_values: Tensor, mask: Tensor, micro_batch) -> Tensor:
     """Micro-batch loss whose accumulated, DP-averaged gradient is that of the token mean of
-    ``token_values`` over the *whole* mini-batch on all ranks.
+    ``token_values`` over the *whole* mini-batch on all ranks (``mini_batch_agg``, token-mean)."""
+    return mini_batch_agg(token_values, mask, "token-mean", micro_batch.meta_info, len(micro_batch))
 
-    With ``N`` = response tokens of the mini-batch over all ranks, the target is
-    ``sum_all(v * mask) / N``. The engine scales each micro loss by ``m / M`` (micro rows over this
-    rank's mini rows) and the gradient reduction divides by ``dp``; multiplying by ``dp * M / m``
-    here cancels both, leaving ``sum_micro(v * mask) / N`` per micro-batch, which sums to the target.
+
+def response_mask_of(data) -> Tensor:
+    batch = data.batch
+    if "response_mask" in batch.keys():
+        return batch["response_mask"]
+    return batch["attention_mask"][:, -batch["responses"].shape[1]:]
+
+
+def mini_batch_meta(data, dp_size: int, group, device) -> dict:
+    """The mini-batch totals over all data-parallel ranks (one all-reduce), for meta_info."""
+    mask = response_mask_of(data)
+    local = torch.tensor([float(mask.sum()), float(len(data)), float((mask.sum(-1) > 0).sum())],
+                         dtype=torch.float64, device=device)
+    dist.all_reduce(local, group=group)
+    tokens, rows, nonempty = (int(v) for v in local.tolist())
+    return {META_DP_SIZE: dp_size, META_GLOBAL_TOKENS: tokens, META_GLOBAL_ROWS: rows,
+            META_GLOBAL_NONEMPTY_ROWS: nonempty}
+
+
+def compact_rows(data, skip_rows: Tensor | None, group, device):
+    """This rank's rows minus ``skip_rows`` (rows whose loss and gradient are identically zero),
+    padded so that every data-parallel rank trains the same number of rows; None when no rank
+    has a row left.
+
+    The same row count everywhere keeps the micro-batch count, and so the collectives inside
+    forward and backward (FSDP all-gathers, DDP's reduction, pipeline sends), in step across
+    ranks. A padding row is a copy of a real row with its response mask zeroed: it runs through
+    the model, but every loss masks it out, so it adds exactly 0 to the gradient. Totals for the
+    loss denominators must be taken before this (``mini_batch_meta``).
     """
-    meta = micro_batch.meta_info
-    for key in (META_DP_SIZE, META_MINI_BATCH_ROWS, META_GLOBAL_TOKENS):
-        if key not in meta:
-            raise ValueError(f"mini_batch_token_mean: micro-batch meta_info lacks {key!r}; call it from a "
-                             "loss_fn run by TrainEngine.train_batch")
-    scale = meta[META_DP_SIZE] * meta[META_MINI_BATCH_ROWS] / len(micro_batch)
-    total = max(float(meta[META_GLOBAL_TOKENS]), 1.0)
-    return (token_values * mask).sum() * (scale / total)
+    if skip_rows is None:
+        return data
+    keep = torch.nonzero(~skip_rows.bool().cpu()).flatten()
+    count = torch.tensor([len(keep)], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+    target = int(count.item())
+    if target == 0:
+        return None
+    if len(keep) == len(data):
+        return data
+    pad = target - len(keep)
+    index = torch.cat([keep, torch.zeros(pad, dtype=torch.long) + (keep[0] if len(keep) else 0)])
+    out = data[index]
+    if pad:
+        mask = out.batch["response_mask"].clone()
+        mask[len(keep):] = 0
+        out.batch["response_mask"] = mask
+    return out
+
+
+def real_rows(micro) -> int:
+    """Rows of a micro-batch that are not padding from ``compact_rows`` (metrics are weighted by it)."""
+    return int((response_mask_of(micro).sum(-1) > 0).sum())

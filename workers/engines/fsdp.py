@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
 from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
-from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS, LossFn,
+from workers.engines.base import (META_GLOBAL_ROWS, META_MINI_BATCH_ROWS, LossFn, compact_rows, mini_batch_meta, real_rows,
                                   active_span, split_micro_batches)
 from workers.engines import fsdp_layout
 from workers.engines.config import EngineConfig
@@ -207,34 +207,44 @@ class FSDPEngine:
         return self._infer(data, 1.0, False, "compute_values")["values"]
 
     # ------------------------------------------------------------------ training
-    def train_batch(self, data, loss_fn: LossFn) -> dict[str, float]:
+    def train_batch(self, data, loss_fn: LossFn, skip_rows: Tensor | None = None) -> dict[str, float]:
         """One optimizer step on this rank's share of a mini-batch (see base.py for loss scaling).
 
         ``data.meta_info`` may carry ``temperature`` (default 1.0) and ``calculate_entropy``.
+        ``skip_rows`` (bool ``[rows]``) marks rows whose loss is identically zero: they count in
+        the loss denominators but are not computed (``base.compact_rows``).
         """
         if self.optimizer is None:
             raise RuntimeError("FSDPEngine.train_batch: the 'ref' role is frozen; build the engine with "
                                "role='actor' or 'critic' to train")
-        rows = len(data)
-        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
+        meta = mini_batch_meta(data, self.dp_size, None, self.device)
+        data = compact_rows(data, skip_rows, None, self.device)
+        rows = len(data) if data is not None else 0
+        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu) if rows else []
         self._check_same_micro_count(len(micros), "train_batch")
-        tokens = self._mini_batch_tokens(data)
-        temperature = float(data.meta_info.get("temperature", 1.0))
-        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        info = data.meta_info if data is not None else {}
+        temperature = float(info.get("temperature", 1.0))
+        calculate_entropy = bool(info.get("calculate_entropy", False))
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
+        weight = 0
         for index, micro in enumerate(micros):
-            micro.meta_info.update({META_DP_SIZE: self.dp_size, META_MINI_BATCH_ROWS: rows,
-                                    META_GLOBAL_TOKENS: tokens})
+            micro.meta_info.update(meta, **{META_MINI_BATCH_ROWS: rows})
             micro = micro.to(self.device)
             with self._accumulating(last=index == len(micros) - 1):
                 outputs = self._forward(micro, temperature, calculate_entropy)
                 loss, metrics = loss_fn(outputs, micro)
                 (loss * (len(micro) / rows)).backward()
+            real = real_rows(micro)
+            weight += real
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value) * len(micro)
+                sums[key] = sums.get(key, 0.0) + float(value) * real
+        if not micros:  # every row skipped everywhere: a zero gradient, but the optimizer still steps
+            for p in self.model.parameters():  # (AdamW's moments and weight decay move the weights)
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
 
         grad_norm = self._clip_grad_norm()
         if math.isfinite(grad_norm):
@@ -243,23 +253,15 @@ class FSDPEngine:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        result = self._mean_over_ranks({k: v / rows for k, v in sums.items()}, rows)
+        result = self._mean_over_ranks({k: v / weight for k, v in sums.items()} if weight else {}, weight)
         result.update(grad_norm=grad_norm, lr=lr)
+        if skip_rows is not None:  # rows trained over all ranks, from the gather just done
+            result["skipped_rows_frac"] = 1.0 - self._rows_gathered / max(meta[META_GLOBAL_ROWS], 1)
         return result
 
     def _accumulating(self, last: bool):
         return fsdp_layout.accumulation_context(self.model, self._ddp, shard_size=self.shard_size,
                                                 dp_size=self.dp_size, last=last)
-
-    def _mini_batch_tokens(self, data) -> int:
-        batch = data.batch
-        if "response_mask" in batch.keys():
-            mask = batch["response_mask"]
-        else:
-            mask = batch["attention_mask"][:, -batch["responses"].shape[1]:]
-        total = mask.sum().to(self.device, torch.float64).reshape(1)
-        dist.all_reduce(total)
-        return int(total.item())
 
     def _clip_grad_norm(self) -> float:
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
@@ -272,9 +274,9 @@ class FSDPEngine:
         """Row-weighted mean of each metric over the data-parallel ranks (same value everywhere)."""
         gathered: list = [None] * self.dp_size
         dist.all_gather_object(gathered, (rows, metrics))
-        total = sum(r for r, _ in gathered)
+        total = self._rows_gathered = sum(r for r, _ in gathered)
         keys = sorted(set().union(*(m.keys() for _, m in gathered)))
-        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys}
+        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys} if total else {}
 
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:

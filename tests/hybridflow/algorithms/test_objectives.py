@@ -1,6 +1,7 @@
 """The actor objective: the on-policy shortcut equals PPO with recomputed old log-probs."""
 import torch
 
+from hybridflow.algorithms.mini_batch_agg import single_batch_meta
 from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn, make_critic_loss_fn
 from hybridflow.protocol import DataProto
 
@@ -11,7 +12,7 @@ def micro(with_old: bool, log_prob: torch.Tensor):
                "rollout_log_probs": log_prob.detach() + 0.01}
     if with_old:
         tensors["old_log_probs"] = log_prob.detach()
-    return DataProto.from_dict(tensors)
+    return DataProto.from_dict(tensors, meta_info=single_batch_meta(mask))
 
 
 def test_on_policy_shortcut_matches_explicit_old_log_probs():
@@ -32,7 +33,23 @@ def test_on_policy_shortcut_matches_explicit_old_log_probs():
 def test_critic_loss_is_clipped_value_loss():
     loss_fn = make_critic_loss_fn(cliprange_value=0.5)
     b = DataProto.from_dict({"response_mask": torch.ones(1, 2), "values": torch.zeros(1, 2),
-                             "returns": torch.tensor([[1.0, 2.0]])})
+                             "returns": torch.tensor([[1.0, 2.0]])}, meta_info=single_batch_meta(torch.ones(1, 2)))
     loss, m = loss_fn({"values": torch.zeros(1, 2)}, b)
     # 0.5 * mean((v - R)^2) = 0.5 * (1 + 4) / 2
     assert abs(float(loss) - 1.25) < 1e-6 and "critic/vf_clipfrac" in m
+
+
+def test_inert_rows_are_the_rows_without_gradient():
+    """The rows the engine may leave out: advantage 0 on every valid token, and only when no
+    entropy or KL term needs every row. Their gradient under the real loss is exactly 0."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    adv = torch.tensor([[0.0, 0.0, 5.0], [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]])  # 5.0 sits on padding
+    data = DataProto.from_dict({"response_mask": mask, "advantages": adv}, meta_info=single_batch_meta(mask))
+    assert ActorObjective().inert_rows(data.batch).tolist() == [True, False, True]
+    for off in (ActorObjective(entropy_coeff=0.01), ActorObjective(use_kl_loss=True),
+                ActorObjective(skip_zero_advantage=False)):
+        assert off.inert_rows(data.batch) is None
+    lp = torch.log(torch.full((3, 3), 0.3)).requires_grad_()
+    loss, _ = make_actor_loss_fn(ActorObjective())({"log_probs": lp}, data)
+    loss.backward()
+    assert torch.equal(lp.grad[[0, 2]], torch.zeros(2, 3)) and lp.grad[1].abs().sum() > 0

@@ -104,12 +104,38 @@ def _critic_scenario(rank, world, ckpt):
     return out
 
 
+def _skip_scenario(rank, world, ckpt, **layout):
+    """The real actor objective, three ways: every row computed (micro-batches of 2), zero-
+    advantage rows skipped, and micro-batches of 1. Step 1 skips 3 of rank 0's 4 rows (so rank 0
+    pads to rank 1's 4); step 2 has no advantage anywhere (nothing is computed at all)."""
+    from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn
+    from workers.engines.fsdp import FSDPEngine
+
+    loss_fn, objective = make_actor_loss_fn(ActorObjective()), ActorObjective()
+    first = make_rl_batch(ROWS, P, R, VOCAB, seed=4)
+    first.batch["advantages"][1:4] = 0.0
+    second = make_rl_batch(ROWS, P, R, VOCAB, seed=5)
+    second.batch["advantages"][:] = 0.0
+    out = {}
+    for name, micro, skip in (("full", 2, False), ("skip", 2, True), ("micro1", 1, False)):
+        engine = FSDPEngine(_config(micro_batch_size_per_gpu=micro, **layout), ckpt, "actor")
+        for step, batch in enumerate((first, second), start=1):
+            mine = _share(batch, rank, world)
+            mine.meta_info.update(temperature=TEMP, calculate_entropy=True)
+            metrics = engine.train_batch(mine, loss_fn, skip_rows=objective.inert_rows(mine.batch) if skip else None)
+            out[f"{name}_metrics{step}"] = metrics
+            out[f"{name}_weights{step}"] = _full_weights(engine, rank)
+    return out
+
+
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
     out["qwen2_replicated"] = _actor_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "replicated"),
                                               True, fsdp_size=1)
     out["critic"] = _critic_scenario(rank, world, checkpoints["qwen2"])
+    out["skip"] = _skip_scenario(rank, world, checkpoints["qwen2"])
+    out["skip_replicated"] = _skip_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
     return pickle.dumps(out)
@@ -278,3 +304,21 @@ def test_hsdp_step_matches_full_sharding(engine_runs):
         assert result["step1"]["pg_loss"] == pytest.approx(fsdp["step1"]["pg_loss"], rel=1e-5, abs=1e-6)
     for name, param in fsdp["weights1"].items():
         assert torch.allclose(results[0]["weights1"][name], param, atol=1e-6, rtol=0), name
+
+
+@pytest.mark.parametrize("key", ["skip", "skip_replicated"])
+def test_skipping_zero_advantage_rows_takes_the_same_step(engine_runs, key):
+    """Rows with zero advantage left out (padded unevenly, then none left at all) and micro-batches
+    of 1 instead of 2: the same weights as computing every row, because the objective is
+    aggregated over the whole mini-batch."""
+    run = engine_runs["results"][0][key]
+    assert run["skip_metrics1"]["skipped_rows_frac"] == pytest.approx(3 / 8)
+    assert run["skip_metrics2"]["skipped_rows_frac"] == 1.0
+    assert "skipped_rows_frac" not in run["full_metrics1"]
+    for step in (1, 2):
+        for other in ("skip", "micro1"):
+            for name, param in run[f"full_weights{step}"].items():
+                assert torch.allclose(run[f"{other}_weights{step}"][name], param, atol=1e-6, rtol=0), (other, step, name)
+    # with nothing to compute, the optimizer still stepped (AdamW's momentum and weight decay)
+    assert any(not torch.equal(run["skip_weights1"][n], run["skip_weights2"][n]) for n in run["skip_weights1"])
+    assert run["skip_metrics1"]["actor/pg_loss"] != 0.0 and run["skip_metrics2"]["grad_norm"] == 0.0

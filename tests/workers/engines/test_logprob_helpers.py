@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from hybridflow.protocol import DataProto
-from workers.engines.base import (META_DP_SIZE, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS, active_span,
+from workers.engines.base import (META_DP_SIZE, META_GLOBAL_NONEMPTY_ROWS, META_GLOBAL_ROWS, META_GLOBAL_TOKENS,
+                                  META_MINI_BATCH_ROWS, active_span,
                                   mini_batch_token_mean, split_micro_batches)
 from workers.engines.logprob import response_log_probs, response_logits
 
@@ -65,7 +66,8 @@ def test_micro_batches_and_token_mean_scaling():
         for micro in range(2):
             rows = slice(rank * 4 + micro * 2, rank * 4 + micro * 2 + 2)
             batch = DataProto.from_dict({"v": values[rows]}, meta_info={
-                META_DP_SIZE: 2, META_MINI_BATCH_ROWS: 4, META_GLOBAL_TOKENS: int(mask.sum())})
+                META_DP_SIZE: 2, META_MINI_BATCH_ROWS: 4, META_GLOBAL_TOKENS: int(mask.sum()),
+                META_GLOBAL_ROWS: 8, META_GLOBAL_NONEMPTY_ROWS: 8})
             total += mini_batch_token_mean(values[rows], mask[rows], batch).item() * (2 / 4) / 2
     assert total == pytest.approx(float((values * mask).sum() / mask.sum()))
     with pytest.raises(ValueError, match="meta_info lacks"):

@@ -88,6 +88,20 @@ def _scenario(rank, world, ckpt, workdir):
             res["values"] = critic.compute_values(mine)
             res["critic_step"] = critic.train_batch(mine, value_loss)
             res["critic_weights1"] = _weights(critic, rank)
+        if name == "pp2dp2":  # zero-advantage rows skipped: dp rank 0 keeps 1 of 4 rows, then none
+            from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn
+
+            objective = ActorObjective()
+            skip_batches = (_batch(4), _batch(5))
+            skip_batches[0].batch["advantages"][1:4] = 0.0
+            skip_batches[1].batch["advantages"][:] = 0.0
+            for label, skip in (("full", False), ("skip", True)):
+                trained = MegatronEngine(_config(tp, pp), ckpt, "actor")
+                for step, batch in enumerate(skip_batches, start=1):
+                    part = _share(batch, trained)
+                    res[f"{label}_metrics{step}"] = trained.train_batch(
+                        part, make_actor_loss_fn(objective), skip_rows=objective.inert_rows(part.batch) if skip else None)
+                    res[f"{label}_weights{step}"] = _weights(trained, rank)
         if name == "tp2dp2":
             try:
                 engine.load_checkpoint(os.path.join(workdir, "ckpt"))
@@ -257,3 +271,13 @@ def test_critic_values_and_step_match_hf_token_classification(run, tmp_path):
     assert res0["critic_step"]["grad_norm"] == pytest.approx(norm, rel=1e-5)
     for name, param in model.named_parameters():
         assert (res0["critic_weights1"][name] - param.detach()).abs().max() < 1e-5, name
+
+
+def test_skipping_zero_advantage_rows_takes_the_same_step(run):
+    """PP=2 x DP=2: the rows left out (unevenly over DP, then all of them) change no weight."""
+    res = run["results"][0]["pp2dp2"]
+    assert res["skip_metrics1"]["skipped_rows_frac"] == pytest.approx(3 / 8)
+    assert res["skip_metrics2"]["skipped_rows_frac"] == 1.0
+    for step in (1, 2):
+        for name, param in res[f"full_weights{step}"].items():
+            assert torch.allclose(res[f"skip_weights{step}"][name], param, atol=1e-6, rtol=0), (step, name)
