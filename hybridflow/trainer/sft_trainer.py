@@ -86,8 +86,9 @@ class SFTTrainer:
 
         m = self.cfg.model
         tp, pp = model_parallel(m.strategy, m.megatron)
-        return {"sft": {"world_size": self.group.world_size, "strategy": m.strategy, "tp": tp, "pp": pp,
-                        "fsdp_size": m.fsdp_config.fsdp_size}}
+        # fsdp_size is left out on purpose: DCP re-shards on load, so a run may resume replicated
+        # from a sharded checkpoint and back (tests/workers/engines/test_fsdp_engine.py)
+        return {"sft": {"world_size": self.group.world_size, "strategy": m.strategy, "tp": tp, "pp": pp}}
 
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer

@@ -6,10 +6,11 @@ an epoch is 2 steps:
   export must load in transformers, and ``hybridflow.export`` of its last checkpoint must give
   the same weights as the engine's own HF export.
 - B: the replicated layout (``model.fsdp_config.fsdp_size=1``) stopped after 2 steps with a
-  checkpoint, then started again with ``resume_mode=auto`` to finish the 4 steps. Its per-step
-  NLL and final weights must match A's. The two layouts reduce gradients in a different order,
-  so the comparison allows fp32 rounding (1e-5) and no more: a resume that lost the optimizer
-  state or the data position is off by orders of magnitude more at lr 1e-3.
+  checkpoint, then started again, sharded, with ``resume_mode=auto`` to finish the 4 steps (a
+  checkpoint is not tied to ``fsdp_size``). Its per-step NLL and final weights must match A's.
+  The two layouts reduce gradients in a different order, so the comparison allows fp32 rounding
+  (1e-5) and no more: a resume that lost the optimizer state or the data position is off by
+  orders of magnitude more at lr 1e-3.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def test_sft_sharded_then_replicated_resume_matches(sft_assets, tmp_path):
     replicated = ["model.fsdp_config.fsdp_size=1"]
     run_sft(sft_assets, resumed_dir, *replicated, "trainer.total_training_steps=2")
     assert not (resumed_dir / "global_step_4").exists()
-    proc = run_sft(sft_assets, resumed_dir, *replicated, "trainer.resume_mode=auto")
+    proc = run_sft(sft_assets, resumed_dir, "trainer.resume_mode=auto")  # sharded from here on
     assert "resumed from" in proc.stdout + proc.stderr
     got = read_metrics(resumed_dir)
     for step in (3, 4):

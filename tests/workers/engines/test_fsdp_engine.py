@@ -128,6 +128,25 @@ def _skip_scenario(rank, world, ckpt, **layout):
     return out
 
 
+def _cross_layout_scenario(rank, world, ckpt, workdir):
+    """A checkpoint saved in one parameter layout resumes in the other (DCP re-shards on load)."""
+    from workers.engines.fsdp import FSDPEngine
+
+    first, second = (_share(make_rl_batch(ROWS, P, R, VOCAB, seed=s), rank, world) for s in (6, 7))
+    out = {}
+    for saved, loaded in ((1, -1), (-1, 1)):
+        engine = FSDPEngine(_config(fsdp_size=saved), ckpt, "actor")
+        engine.train_batch(first, policy_gradient_loss)
+        path = os.path.join(workdir, f"saved_{saved}")
+        engine.save_checkpoint(path)
+        reference = engine.train_batch(second, policy_gradient_loss)
+        resumed = FSDPEngine(_config(fsdp_size=loaded), ckpt, "actor")
+        resumed.load_checkpoint(path)
+        out[(saved, loaded)] = (reference, resumed.train_batch(second, policy_gradient_loss),
+                                _full_weights(engine, rank), _full_weights(resumed, rank))
+    return out
+
+
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
@@ -136,6 +155,7 @@ def _all_scenarios(rank, world, checkpoints, root):
     out["critic"] = _critic_scenario(rank, world, checkpoints["qwen2"])
     out["skip"] = _skip_scenario(rank, world, checkpoints["qwen2"])
     out["skip_replicated"] = _skip_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
+    out["cross_layout"] = _cross_layout_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "cross"))
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
     return pickle.dumps(out)
@@ -322,3 +342,13 @@ def test_skipping_zero_advantage_rows_takes_the_same_step(engine_runs, key):
     # with nothing to compute, the optimizer still stepped (AdamW's momentum and weight decay)
     assert any(not torch.equal(run["skip_weights1"][n], run["skip_weights2"][n]) for n in run["skip_weights1"])
     assert run["skip_metrics1"]["actor/pg_loss"] != 0.0 and run["skip_metrics2"]["grad_norm"] == 0.0
+
+
+def test_checkpoint_resumes_in_the_other_parameter_layout(engine_runs):
+    """Replicated -> sharded and sharded -> replicated: the resumed engine takes the same next
+    step (loss, gradient norm, weights) as the one that saved."""
+    for (saved, loaded), (ref, got, ref_weights, got_weights) in engine_runs["results"][0]["cross_layout"].items():
+        assert got["pg_loss"] == pytest.approx(ref["pg_loss"], abs=1e-6), (saved, loaded)
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5), (saved, loaded)
+        for name, param in ref_weights.items():
+            assert torch.allclose(got_weights[name], param, atol=1e-6, rtol=0), (saved, loaded, name)
