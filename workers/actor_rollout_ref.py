@@ -194,18 +194,15 @@ class ActorRolloutRefWorker(Worker):
         from rank 0, the engine metadata hybridflow.export reads (hybridflow/trainer/checkpoint.py)."""
         from hybridflow.trainer import checkpoint as ckpt
 
-        self.engine.save_checkpoint(path)
-        ckpt.save_worker_rng(path, self.rank, self.rng if self.rollout is not None else None)
-        if self.rank == 0:
-            ckpt.save_engine_meta(self.engine, path, self.world_size)
+        ckpt.save_worker_checkpoint(self.engine, path, self.rank, self.world_size,
+                                    self.rng if self.rollout is not None else None)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
         from hybridflow.trainer import checkpoint as ckpt
 
-        self.engine.load_checkpoint(path)
-        ckpt.load_worker_rng(path, self.rank, self.rng if self.rollout is not None else None)
+        ckpt.load_worker_checkpoint(self.engine, path, self.rank, self.rng if self.rollout is not None else None)
         self._weights_stale = True  # the rollout still holds the initial weights
         return True
 

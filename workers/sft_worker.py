@@ -57,18 +57,14 @@ class SFTWorker(Worker):
         reads: the same folder layout as the RL actor's (hybridflow/trainer/checkpoint.py)."""
         from hybridflow.trainer import checkpoint as ckpt
 
-        self.engine.save_checkpoint(path)
-        ckpt.save_worker_rng(path, self.rank)
-        if self.rank == 0:
-            ckpt.save_engine_meta(self.engine, path, self.world_size)
+        ckpt.save_worker_checkpoint(self.engine, path, self.rank, self.world_size)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
         from hybridflow.trainer import checkpoint as ckpt
 
-        self.engine.load_checkpoint(path)
-        ckpt.load_worker_rng(path, self.rank)
+        ckpt.load_worker_checkpoint(self.engine, path, self.rank)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -144,6 +144,38 @@ def check_layout(path: str, saved: dict, current: dict) -> None:
                               f"or export it with `python -m hybridflow.export` and start a new run from the export")
 
 
+def start_save(root: str, step: int) -> str:
+    """A fresh, empty ``global_step_N`` folder (a partial one left by a crashed save is removed)."""
+    path = step_dir(root, step)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+    return path
+
+
+def finish_save(root: str, step: int, trainer_state: dict, layout: dict, keep: int | None) -> str:
+    """After the roles' folders are written: the trainer state (plus the controller RNG), the
+    manifest that completes the folder, the tracker that names it, then pruning. Returns the folder."""
+    path = step_dir(root, step)
+    torch.save({"global_step": step, **trainer_state, "rng": controller_rng_state()},
+               os.path.join(path, TRAINER_STATE))
+    write_manifest(path, step, layout)
+    write_tracker(root, step)
+    prune(root, keep)
+    return path
+
+
+def open_resume(root: str, resume_mode: str, layout: dict) -> tuple[str, dict] | None:
+    """(folder, trainer state) to resume from after checking it is complete and saved with this
+    worker ``layout``; None when there is nothing to resume."""
+    path = find_resume_dir(root, resume_mode)
+    if path is None:
+        return None
+    manifest = check_complete(path)
+    check_layout(path, manifest["layout"], layout)
+    return path, torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)
+
+
 def controller_rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
@@ -168,7 +200,7 @@ def prune(root: str, keep: int | None) -> list[int]:
 
 
 # ---------------------------------------------------------------------- worker side
-# Called inside each worker process by ActorRolloutRefWorker / CriticWorker.save_checkpoint.
+# Called inside each worker process by the actor, critic and SFT workers' save/load_checkpoint.
 WORKER_RNG = "worker_rng_rank{rank}.pt"
 ENGINE_META = "engine.json"
 HF_META_DIR = "huggingface"
@@ -223,3 +255,17 @@ def save_engine_meta(engine, path: str, world_size: int) -> None:
     hf_config.save_pretrained(hf_dir)
     copy_tokenizer_files(engine.model_path, hf_dir)
     _write_atomically(os.path.join(path, ENGINE_META), json.dumps(meta, indent=1))
+
+
+def save_worker_checkpoint(engine, path: str, rank: int, world_size: int, rollout_streams=None) -> None:
+    """One role's folder: the engine's sharded state, this rank's RNG and, from rank 0, the
+    engine metadata hybridflow.export reads."""
+    engine.save_checkpoint(path)
+    save_worker_rng(path, rank, rollout_streams)
+    if rank == 0:
+        save_engine_meta(engine, path, world_size)
+
+
+def load_worker_checkpoint(engine, path: str, rank: int, rollout_streams=None) -> None:
+    engine.load_checkpoint(path)
+    load_worker_rng(path, rank, rollout_streams)

@@ -10,7 +10,6 @@ batches and computes advantages (cheap, on CPU).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -199,20 +198,13 @@ class PPOTrainer:
         """global_step_N/: engines (+ worker RNG) first, trainer state, then the manifest that
         completes the folder, then the tracker that names it (layout: trainer/checkpoint.py)."""
         t = self.cfg.trainer
-        path = ckpt.step_dir(t.default_local_dir, self.global_step)
-        if os.path.exists(path):  # a partial folder left by a crash during an earlier save
-            shutil.rmtree(path)
-        os.makedirs(path)
+        path = ckpt.start_save(t.default_local_dir, self.global_step)
         self.actor.save_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.save_checkpoint(os.path.join(path, "critic"))
-        torch.save({"global_step": self.global_step, "loader": self.train_loader.state_dict(),
-                    "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.controller_rng_state()},
-                   os.path.join(path, ckpt.TRAINER_STATE))
-        ckpt.write_manifest(path, self.global_step, self.worker_layout())
-        ckpt.write_tracker(t.default_local_dir, self.global_step)
-        ckpt.prune(t.default_local_dir, t.max_actor_ckpt_to_keep)
-        return path
+        return ckpt.finish_save(t.default_local_dir, self.global_step,
+                                {"loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
+                                self.worker_layout(), t.max_actor_ckpt_to_keep)
 
     def worker_layout(self) -> dict:
         """What each saved file's rank means: world sizes and parallel sizes per trained role."""
@@ -230,12 +222,10 @@ class PPOTrainer:
 
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer
-        path = ckpt.find_resume_dir(t.default_local_dir, t.resume_mode)
-        if path is None:
+        found = ckpt.open_resume(t.default_local_dir, t.resume_mode, self.worker_layout())
+        if found is None:
             return
-        manifest = ckpt.check_complete(path)
-        ckpt.check_layout(path, manifest["layout"], self.worker_layout())
-        state = torch.load(os.path.join(path, ckpt.TRAINER_STATE), weights_only=False)
+        path, state = found
         self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
         self.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
-
-import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
@@ -69,17 +66,10 @@ class SFTTrainer:
         """global_step_N/actor (engine + worker RNG), trainer_state.pt, then the manifest and the
         tracker, in that order, as in the RL trainer: a crash mid-save leaves the previous one."""
         t = self.cfg.trainer
-        path = ckpt.step_dir(t.default_local_dir, self.global_step)
-        if os.path.exists(path):  # a partial folder left by a crash during an earlier save
-            shutil.rmtree(path)
-        os.makedirs(path)
+        path = ckpt.start_save(t.default_local_dir, self.global_step)
         self.group.save_checkpoint(os.path.join(path, "actor"))
-        torch.save({"global_step": self.global_step, "loader": self.train_loader.state_dict(),
-                    "rng": ckpt.controller_rng_state()}, os.path.join(path, ckpt.TRAINER_STATE))
-        ckpt.write_manifest(path, self.global_step, self.worker_layout())
-        ckpt.write_tracker(t.default_local_dir, self.global_step)
-        ckpt.prune(t.default_local_dir, t.max_ckpt_to_keep)
-        return path
+        return ckpt.finish_save(t.default_local_dir, self.global_step, {"loader": self.train_loader.state_dict()},
+                                self.worker_layout(), t.max_ckpt_to_keep)
 
     def worker_layout(self) -> dict:
         from hybridflow.config.derived import model_parallel
@@ -92,12 +82,10 @@ class SFTTrainer:
 
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer
-        path = ckpt.find_resume_dir(t.default_local_dir, t.resume_mode)
-        if path is None:
+        found = ckpt.open_resume(t.default_local_dir, t.resume_mode, self.worker_layout())
+        if found is None:
             return
-        manifest = ckpt.check_complete(path)
-        ckpt.check_layout(path, manifest["layout"], self.worker_layout())
-        state = torch.load(os.path.join(path, ckpt.TRAINER_STATE), weights_only=False)
+        path, state = found
         self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
         self.group.load_checkpoint(os.path.join(path, "actor"))
         ckpt.set_controller_rng_state(state["rng"])
