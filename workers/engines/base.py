@@ -152,3 +152,31 @@ def compact_rows(data, skip_rows: Tensor | None, group, device):
 def real_rows(micro) -> int:
     """Rows of a micro-batch that are not padding from ``compact_rows`` (metrics are weighted by it)."""
     return int((response_mask_of(micro).sum(-1) > 0).sum())
+
+
+def local_metric_means(micros, results) -> tuple[dict[str, float], int]:
+    """Each metric's mean over this rank's micro-batches weighted by their real rows, and the
+    real-row count (which counts every micro-batch, also where ``results`` are missing: a
+    pipeline's earlier stages have none)."""
+    weights = [real_rows(micro) for micro in micros]
+    sums: dict[str, float] = {}
+    for weight, metrics in zip(weights, results):
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value) * weight
+    total = sum(weights)
+    return ({k: v / total for k, v in sums.items()} if total else {}), total
+
+
+def mean_over_ranks(metrics: dict[str, float], rows: int, dp_size: int, group) -> tuple[dict[str, float], int]:
+    """Row-weighted mean of each metric over the data-parallel ranks (the same dict everywhere),
+    and the rows over all of them."""
+    gathered: list = [None] * dp_size
+    dist.all_gather_object(gathered, (rows, metrics), group=group)
+    total = sum(r for r, _ in gathered)
+    keys = sorted(set().union(*(m.keys() for _, m in gathered)))
+    return ({k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys} if total else {}), total
+
+
+def skipped_rows_frac(meta: dict, trained_rows: int) -> float:
+    """Share of the mini-batch's rows (all ranks) that ``compact_rows`` left out."""
+    return 1.0 - trained_rows / max(meta[META_GLOBAL_ROWS], 1)

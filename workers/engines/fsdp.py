@@ -38,8 +38,8 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
 from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
-from workers.engines.base import (META_GLOBAL_ROWS, META_MINI_BATCH_ROWS, LossFn, compact_rows, mini_batch_meta, real_rows,
-                                  active_span, split_micro_batches)
+from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
+                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac, split_micro_batches)
 from workers.engines import fsdp_layout
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
@@ -228,8 +228,7 @@ class FSDPEngine:
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        weight = 0
+        results = []
         for index, micro in enumerate(micros):
             micro.meta_info.update(meta, **{META_MINI_BATCH_ROWS: rows})
             micro = micro.to(self.device)
@@ -237,10 +236,7 @@ class FSDPEngine:
                 outputs = self._forward(micro, temperature, calculate_entropy)
                 loss, metrics = loss_fn(outputs, micro)
                 (loss * (len(micro) / rows)).backward()
-            real = real_rows(micro)
-            weight += real
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value) * real
+            results.append(metrics)
         if not micros:  # every row skipped everywhere: a zero gradient, but the optimizer still steps
             for p in self.model.parameters():  # (AdamW's moments and weight decay move the weights)
                 if p.requires_grad:
@@ -253,10 +249,10 @@ class FSDPEngine:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        result = self._mean_over_ranks({k: v / weight for k, v in sums.items()} if weight else {}, weight)
+        result, trained = mean_over_ranks(*local_metric_means(micros, results), self.dp_size, None)
         result.update(grad_norm=grad_norm, lr=lr)
-        if skip_rows is not None:  # rows trained over all ranks, from the gather just done
-            result["skipped_rows_frac"] = 1.0 - self._rows_gathered / max(meta[META_GLOBAL_ROWS], 1)
+        if skip_rows is not None:
+            result["skipped_rows_frac"] = skipped_rows_frac(meta, trained)
         return result
 
     def _accumulating(self, last: bool):
@@ -269,14 +265,6 @@ class FSDPEngine:
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         return float(norm)
-
-    def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
-        """Row-weighted mean of each metric over the data-parallel ranks (same value everywhere)."""
-        gathered: list = [None] * self.dp_size
-        dist.all_gather_object(gathered, (rows, metrics))
-        total = self._rows_gathered = sum(r for r, _ in gathered)
-        keys = sorted(set().union(*(m.keys() for _, m in gathered)))
-        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys} if total else {}
 
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:

@@ -24,8 +24,8 @@ from megatron.core import parallel_state as ps
 from torch import Tensor
 
 from hybridflow import device as hf_device
-from workers.engines.base import (META_GLOBAL_ROWS, META_MINI_BATCH_ROWS, LossFn, compact_rows, mini_batch_meta, real_rows,
-                                  active_span, split_micro_batches)
+from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
+                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac, split_micro_batches)
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
@@ -221,30 +221,20 @@ class MegatronEngine:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.grads.zero()
-        sums: dict[str, float] = {}
-        weight = sum(real_rows(micro) for micro in micros)  # results exist on the last stage only
-        for micro, metrics in zip(micros, results):
-            real = real_rows(micro)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * real
-        result = self._mean_over_ranks({k: v / weight for k, v in sums.items()} if weight else {}, weight)
+        result, trained = self._mean_over_ranks(*local_metric_means(micros, results))
         result.update(grad_norm=grad_norm, lr=lr)
-        if skip_rows is not None:  # rows trained over all ranks, from the gather just done
-            result["skipped_rows_frac"] = 1.0 - self._rows_gathered / max(meta[META_GLOBAL_ROWS], 1)
+        if skip_rows is not None:
+            result["skipped_rows_frac"] = skipped_rows_frac(meta, trained)
         return result
 
-    def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
+    def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> tuple[dict[str, float], int]:
         """Metrics exist on the last stage: broadcast them over the pipeline, then take the
         row-weighted mean over the DP ranks (the same dict on every rank)."""
         if self.pp > 1:
             box = [metrics]
             dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
             metrics = box[0]
-        gathered: list = [None] * self.dp_size
-        dist.all_gather_object(gathered, (rows, metrics), group=ps.get_data_parallel_group())
-        total = self._rows_gathered = sum(r for r, _ in gathered)
-        keys = sorted(set().union(*(m.keys() for _, m in gathered)))
-        return {k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys} if total else {}
+        return mean_over_ranks(metrics, rows, self.dp_size, ps.get_data_parallel_group())
 
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
