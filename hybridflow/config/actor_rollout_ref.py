@@ -17,6 +17,9 @@ class ModelConfig:
     tokenizer_path: str | None = path_field(None)  # None: the tokenizer saved with the model
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = False
+    # run each distinct prompt of a micro-batch once and share its KV cache among its samples
+    # (FSDP padded layout; exact): workers/engines/prefix_sharing.py
+    share_prompt_prefix: bool = True
 
 
 @dataclass

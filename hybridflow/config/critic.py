@@ -17,6 +17,9 @@ class CriticModelConfig:
     tokenizer_path: str | None = path_field(None)
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = False
+    # run each distinct prompt of a micro-batch once and share its KV cache among its samples
+    # (FSDP padded layout; exact): workers/engines/prefix_sharing.py
+    share_prompt_prefix: bool = True
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl keeps it under critic.model
 
 

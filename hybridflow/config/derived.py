@@ -141,7 +141,7 @@ def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_o
         warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
         min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,
         gradient_checkpointing=model.enable_gradient_checkpointing,
-        use_remove_padding=model.use_remove_padding, seed=seed)
+        use_remove_padding=model.use_remove_padding, share_prompt_prefix=model.share_prompt_prefix, seed=seed)
 
 
 def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:

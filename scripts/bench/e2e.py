@@ -10,6 +10,7 @@ warm-up, allocator growth, the first weight sync) of every ``timing_s/*`` stage,
     .venv/bin/python scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python   # + TRL ratio
     .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=bf16
     .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
+    .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, and ``ratio_to_trl`` is our median step time
@@ -170,6 +171,9 @@ def parse_args(argv):
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-e2e"))
     p.add_argument("--no-skip-too", action="store_true",
                    help="in beta0 mode also run with actor.skip_zero_advantage=false (every row computed)")
+    p.add_argument("--no-share-too", action="store_true",
+                   help="also run with model.share_prompt_prefix=false (each sample forwards its own prompt), "
+                        "combined with the --no-skip-too setting where both are given")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -205,6 +209,11 @@ def main(argv=None) -> int:
             if args.no_skip_too and not MODES[mode]:
                 entry["hybridflow_no_skip"] = run_ours(args, paths, size, mode,
                                                        ("actor_rollout_ref.actor.skip_zero_advantage=false",), "-noskip")
+            if args.no_share_too:
+                no_share = ("actor_rollout_ref.model.share_prompt_prefix=false",)
+                if args.no_skip_too and not MODES[mode]:  # the equal-work pair: every row computed
+                    no_share += ("actor_rollout_ref.actor.skip_zero_advantage=false",)
+                entry["hybridflow_no_share"] = run_ours(args, paths, size, mode, no_share, "-noshare")
             if args.trl_python:
                 entry["trl"] = run_trl(args, paths, size, mode)
                 entry["trl_source"] = "measured in this invocation"
@@ -218,6 +227,9 @@ def main(argv=None) -> int:
                 no_skip = entry.get("hybridflow_no_skip", {}).get("step_s")
                 if no_skip:
                     entry["ratio_to_trl_no_skip"] = round(no_skip / trl, 3)
+                no_share = entry.get("hybridflow_no_share", {}).get("step_s")
+                if no_share:
+                    entry["ratio_to_trl_no_share"] = round(no_share / trl, 3)
             entry["load_avg_1m_after"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
             report["results"][f"{size}/{mode}"] = entry
             print(f"[e2e] {size}/{mode}: ours {ours} s/step, trl {trl}", file=sys.stderr, flush=True)

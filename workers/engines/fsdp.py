@@ -19,6 +19,8 @@ Padding: by default each micro-batch is cut to the columns where any row has a r
 never computed). With ``use_remove_padding`` all real tokens of a micro-batch are packed into one
 row whose position ids restart per sequence; transformers then builds a block-diagonal causal mask,
 so no padding token is computed at all. Outputs at response-padding positions are 0.
+In the padded layout, rows that repeat a prompt (GRPO's n samples) share one forward of it
+(``share_prompt_prefix``, ``workers/engines/prefix_sharing.py``).
 
 ``param_dtype="bf16"`` keeps fp32 sharded master weights and optimizer state and computes in bf16
 (FSDP2 ``MixedPrecisionPolicy``; with ``fsdp_size=1``, ``torch.autocast``), reducing gradients in fp32.
@@ -40,7 +42,7 @@ from torch.distributed.tensor import DTensor
 from hybridflow import device as hf_device
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
                                   mean_over_ranks, mini_batch_meta, skipped_rows_frac, split_micro_batches)
-from workers.engines import fsdp_layout
+from workers.engines import fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
@@ -149,18 +151,32 @@ class FSDPEngine:
     def _padded_head_inputs(self, input_ids, attention_mask, position_ids, prompt_len) -> Tensor:
         resp_len = input_ids.shape[1] - prompt_len
         start, end = active_span(attention_mask, prompt_len)
-        kwargs = dict(input_ids=input_ids[:, start:end], attention_mask=attention_mask[:, start:end],
-                      position_ids=position_ids[:, start:end])
         kept = end - prompt_len  # response columns that hold a real token in some row
+        # the last column only predicts past the span, so it is never an input
+        kwargs = dict(input_ids=input_ids[:, start:end - 1], attention_mask=attention_mask[:, start:end - 1],
+                      position_ids=position_ids[:, start:end - 1])
+        shared = None
+        if self._shares_prompts():
+            shared = prefix_sharing.distinct_prompts(input_ids, attention_mask, position_ids, start, prompt_len)
+            share = prefix_sharing.saves_enough(shared[0], len(input_ids), start, prompt_len, end)
+            if self.shard_size > 1:
+                share = self._ranks_agree_to_share(share, two_calls=end - 1 > prompt_len)
+            shared = shared if share else None
         with self._compute_context():
-            if self.role == "critic":
+            if shared is not None:
+                head = prefix_sharing.shared_prefix_logits(self._module(), input_ids, attention_mask, position_ids,
+                                                           start, prompt_len, end, *shared)
+            elif self.role == "critic":
                 head = response_logits(self._module()(**kwargs).logits, prompt_len - start, kept)
             else:
-                # logits only for positions [P-1, end): the last one predicts past the span, drop it
-                head = self._module()(**kwargs, logits_to_keep=kept + 1).logits[:, :kept]
+                head = self._module()(**kwargs, logits_to_keep=kept).logits
         if kept < resp_len:
             head = torch.nn.functional.pad(head, (0, 0, 0, resp_len - kept))
         return head
+
+    def _shares_prompts(self) -> bool:
+        # gradient checkpointing turns transformers' cache off in training
+        return self.config.share_prompt_prefix and not (self.config.gradient_checkpointing and torch.is_grad_enabled())
 
     def _packed_head_inputs(self, input_ids, attention_mask, position_ids, prompt_len) -> Tensor:
         real = attention_mask.bool()
@@ -174,6 +190,14 @@ class FSDPEngine:
         # a real response token's predecessor is the previous real token of the same row
         src = (flat_index[:, prompt_len:] - 1).clamp(min=0)
         return logits[src]
+
+    def _ranks_agree_to_share(self, wanted: bool, two_calls: bool) -> bool:
+        """Sharded parameters are all-gathered per model call, so every rank must make the same
+        calls: share if any rank wants to (a rank with nothing to share runs the two calls anyway,
+        still exact) and every rank has a response column to run on top of the cache."""
+        votes = torch.tensor([int(wanted), -int(two_calls)], device=self.device)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+        return bool(votes[0]) and int(votes[1]) == -1
 
     def _check_same_micro_count(self, count: int, what: str) -> None:
         # Every forward all-gathers parameters, so ranks with different micro-batch counts would hang.

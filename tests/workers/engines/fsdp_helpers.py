@@ -30,6 +30,18 @@ def make_rl_batch(rows: int, prompt_len: int, resp_len: int, vocab: int, seed: i
     return DataProto.from_dict(tensors)
 
 
+def make_grouped_rl_batch(prompts: int, n: int, prompt_len: int, resp_len: int, vocab: int,
+                          seed: int = 0) -> DataProto:
+    """GRPO's layout: each prompt's n samples on consecutive rows with the same left-padded prompt."""
+    data = make_rl_batch(prompts * n, prompt_len, resp_len, vocab, seed=seed)
+    b = data.batch
+    for key in ("input_ids", "attention_mask"):
+        b[key][:, :prompt_len] = b[key][::n, :prompt_len].repeat_interleave(n, 0)
+    b["position_ids"] = (b["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    b["prompts"] = b["input_ids"][:, :prompt_len].clone()
+    return data
+
+
 def hf_response_log_probs(model, data: DataProto, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Textbook reference: full padded forward, log_softmax of logits[P+t-1] / T, gather token t."""
     b = data.batch

@@ -16,7 +16,7 @@ import torch
 
 from hybridflow.tiny import load_tokenizer, make_tiny_checkpoint
 from tests.distributed import run_distributed
-from tests.workers.engines.fsdp_helpers import (hf_response_log_probs, make_rl_batch,
+from tests.workers.engines.fsdp_helpers import (hf_response_log_probs, make_grouped_rl_batch, make_rl_batch,
                                                 policy_gradient_loss, value_loss)
 
 WORLD, ROWS, P, R = 2, 8, 8, 8
@@ -147,6 +147,28 @@ def _cross_layout_scenario(rank, world, ckpt, workdir):
     return out
 
 
+def _prefix_scenario(rank, world, ckpt, **layout):
+    """GRPO-shaped batches (4 samples per prompt) with and without one forward per distinct prompt:
+    log-probs, a training step and the log-probs after it."""
+    from workers.engines import prefix_sharing
+    from workers.engines.fsdp import FSDPEngine
+
+    calls = []
+    shared_forward = prefix_sharing.shared_prefix_logits
+    prefix_sharing.shared_prefix_logits = lambda *a, **k: calls.append(1) or shared_forward(*a, **k)
+    first, second = (_share(make_grouped_rl_batch(ROWS // 4, 4, P, R, VOCAB, seed=s), rank, world) for s in (8, 9))
+    out = {}
+    for share in (False, True):
+        calls.clear()
+        engine = FSDPEngine(_config(share_prompt_prefix=share, **layout), ckpt, "actor")
+        before = engine.compute_log_prob(first, TEMP)[0]
+        metrics = engine.train_batch(first, policy_gradient_loss)
+        out[share] = (before, metrics, engine.compute_log_prob(second, TEMP)[0], _full_weights(engine, rank),
+                      len(calls))
+    prefix_sharing.shared_prefix_logits = shared_forward
+    return out
+
+
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
@@ -155,6 +177,8 @@ def _all_scenarios(rank, world, checkpoints, root):
     out["critic"] = _critic_scenario(rank, world, checkpoints["qwen2"])
     out["skip"] = _skip_scenario(rank, world, checkpoints["qwen2"])
     out["skip_replicated"] = _skip_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
+    out["prefix"] = _prefix_scenario(rank, world, checkpoints["qwen2"])
+    out["prefix_replicated"] = _prefix_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
     out["cross_layout"] = _cross_layout_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "cross"))
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
@@ -352,3 +376,18 @@ def test_checkpoint_resumes_in_the_other_parameter_layout(engine_runs):
         assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5), (saved, loaded)
         for name, param in ref_weights.items():
             assert torch.allclose(got_weights[name], param, atol=1e-6, rtol=0), (saved, loaded, name)
+
+
+@pytest.mark.parametrize("key", ["prefix", "prefix_replicated"])
+def test_shared_prompt_forward_gives_the_same_log_probs_and_step(engine_runs, key):
+    """One forward per distinct prompt (its KV cache shared by the group's samples), sharded FSDP
+    and DDP: the same log-probs, loss, gradient norm and updated weights as every row on its own."""
+    for result in engine_runs["results"]:
+        (lp0, m0, lp1, w0, calls), (lp0_s, m0_s, lp1_s, w_s, calls_s) = result[key][False], result[key][True]
+        assert calls == 0 and calls_s >= 3  # of 6 micro-batches (2 in each of 3 passes); short prompts save too little
+        assert torch.allclose(lp0_s, lp0, atol=1e-5, rtol=0) and torch.allclose(lp1_s, lp1, atol=1e-5, rtol=0)
+        assert m0_s["pg_loss"] == pytest.approx(m0["pg_loss"], abs=1e-6)
+        assert m0_s["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-5)
+    run = engine_runs["results"][0][key]
+    for name, param in run[False][3].items():
+        assert torch.allclose(run[True][3][name], param, atol=1e-6, rtol=0), name
