@@ -155,8 +155,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="demo,medium", help="comma list of: " + ", ".join(SIZES))
     p.add_argument("--modes", default="beta0,kl", help="comma list of: beta0 (no reference), kl (KL loss)")
-    p.add_argument("--steps", type=int, default=5, help="GRPO steps per run (the first is warm-up)")
-    p.add_argument("--warmup", type=int, default=1, help="leading steps left out of the medians")
+    p.add_argument("--steps", type=int, default=6, help="GRPO steps per run (the first --warmup are left out)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="leading steps left out of the medians (the first two run 3-10x slower: warm-up)")
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--response-length", type=int, default=16)
