@@ -3,8 +3,9 @@
 Runs the real recipe (``python -m recipes.main_ppo --config-name grpo``) once per model size and
 per KL setting, each in its own process (a fresh Ray), on the seeded arithmetic task: 32 prompts
 x 4 samples per step, responses up to 16 tokens. It reads the run's ``metrics.jsonl`` and prints
-JSON: the median over the steps after the first (the first one pays one-off costs: vLLM graph
-warm-up, allocator growth, the first weight sync) of every ``timing_s/*`` stage, plus tokens/s.
+JSON: the median over the steps after the first ``--warmup`` (default 2: the first steps pay
+one-off costs, vLLM graph warm-up, allocator growth, the first weight sync, and the second was
+still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
 
     .venv/bin/python scripts/bench/e2e.py                          # demo + medium, beta 0 and KL
     .venv/bin/python scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python   # + TRL ratio
