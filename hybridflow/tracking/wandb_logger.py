@@ -29,4 +29,9 @@ class WandbLogger:
         self.run.log(dict(metrics), step=step)
 
     def finish(self) -> None:
+        import wandb
         self.run.finish()
+        # finish() can return before the wandb service has flushed the run's .wandb file; on a
+        # loaded machine a reader (`wandb sync` right after training, a test) then finds it
+        # empty. teardown() stops the service, which closes the file (it costs milliseconds).
+        wandb.teardown()

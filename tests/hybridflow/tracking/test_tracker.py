@@ -157,6 +157,7 @@ def test_wandb_offline_run_holds_config_and_history(tmp_path, monkeypatch):
     run_files = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(run_files) == 1
     records = _wandb_records(run_files[0])
+    assert [r.WhichOneof("record_type") for r in records][-1] == "exit", "file not flushed"
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.display_name) == ("proj", "exp")
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
