@@ -1,14 +1,17 @@
 """3D-HybridEngine: move actor weights from the training layout to the generation layout.
 
 ``layout`` (who is who), ``plan`` (what each rank needs and from whom; pure data),
-``transfer`` (bucketed execution over torch.distributed), ``switch`` (the train <-> generate
+``transfer`` (bucketed execution over torch.distributed), ``fsdp_stream`` (the same for FSDP),
+``host_exchange`` (shared buffers between CPU ranks of one host), ``switch`` (the train <-> generate
 context). Imports neither ``workers`` nor the trainer: the Megatron parameter table comes in as data.
 """
 from resharding.layout import GenLayout, TrainLayout, check_layouts, micro_dp_groups, pipeline_groups
 from resharding.plan import ModelDims, ReshardPlan, TrainParam, build_plan, plan_from_param_specs
 from resharding.switch import RNGStreams, generate_mode
-from resharding.transfer import DEFAULT_BUCKET_BYTES, Resharder, TransferStats, drain, fsdp_to_hf_stream
+from resharding.fsdp_stream import FSDPWeightStream, fsdp_to_hf_stream
+from resharding.transfer import DEFAULT_BUCKET_BYTES, Resharder, TransferStats, drain
 
 __all__ = ["GenLayout", "TrainLayout", "check_layouts", "micro_dp_groups", "pipeline_groups", "ModelDims",
            "ReshardPlan", "TrainParam", "build_plan", "plan_from_param_specs", "RNGStreams", "generate_mode",
-           "DEFAULT_BUCKET_BYTES", "Resharder", "TransferStats", "drain", "fsdp_to_hf_stream"]
+           "DEFAULT_BUCKET_BYTES", "Resharder", "TransferStats", "drain", "FSDPWeightStream",
+           "fsdp_to_hf_stream"]

@@ -65,9 +65,8 @@ def generate_mode(engine, rollout, weights: WeightSource, metrics: dict | None =
     """Put this worker in generation mode for the ``with`` body; yields ``metrics``.
 
     ``weights()`` returns the stream to load, e.g. ``lambda: resharder.stream(local_params)``
-    (Megatron) or ``lambda: fsdp_to_hf_stream(model.named_parameters(), stats=s)`` (FSDP);
-    ``stats`` is the TransferStats that stream fills (``resharder.stats``, or the one given to
-    ``fsdp_to_hf_stream``).
+    (Megatron) or ``lambda: fsdp_weights.stream(model.named_parameters())`` (FSDP);
+    ``stats`` is the TransferStats that stream fills (``resharder.stats``, ``fsdp_weights.stats``).
     Records ``timing_s/reshard`` (wake + stream + load) and ``reshard/bytes`` (bytes this rank
     received over the network; ``reshard/bytes_sent`` too). The engine is offloaded only if it
     has ``offload``/``onload`` and ``offload_engine`` is set.

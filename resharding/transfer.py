@@ -4,10 +4,12 @@ Unlike a gather-then-broadcast sync, a rank never holds more than one bucket of 
 only the region vLLM's loader on that rank reads (``plan.needed``) is ever transmitted or
 written; the rest of each full-size tensor is uninitialised memory vLLM never reads.
 
-The exchange inside a bucket is one batched point-to-point round (``batch_isend_irecv``), one
-message per (source, destination) pair: with the paper's strided generation groups this is
-exactly the micro-DP and pipeline all-gathers; with vLLM's consecutive groups it is the
-permutation those groups need, which no single all-gather expresses.
+The exchange inside a bucket is one point-to-point round, one message per (source, destination)
+pair: with the paper's strided generation groups this is exactly the micro-DP and pipeline
+all-gathers; with vLLM's consecutive groups it is the permutation those groups need, which no
+single all-gather expresses. On CPU, ranks of one host exchange through shared buffers
+(``host_exchange.py``: one copy in, one copy out); elsewhere the round is one
+``batch_isend_irecv`` over the group's backend (NCCL on GPUs).
 
 Every rank must consume a stream to the end (it runs collectives); ``drain`` finishes one.
 """
@@ -22,9 +24,13 @@ from typing import Iterable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from resharding.host_exchange import HostExchange
 from resharding.plan import Piece, ReshardPlan
 
 DEFAULT_BUCKET_BYTES = 256 << 20
+# "auto": shared memory between the ranks of one host on CPU (resharding/host_exchange.py), else
+# batched point-to-point through the process group's backend ("p2p": always the latter).
+TRANSPORTS = ("auto", "shm", "p2p")
 
 
 @dataclass
@@ -43,6 +49,21 @@ class TransferStats:
         self.__init__()
 
 
+def split_into_buckets(items: Iterable[tuple[int, int]], bucket_bytes: int) -> list[list[int]]:
+    """Group ``(index, nbytes)`` in order into buckets of at most ``bucket_bytes`` (a larger item
+    gets a bucket of its own). Every rank must split alike: buckets are collective rounds."""
+    buckets, current, size = [], [], 0
+    for i, nbytes in items:
+        if current and size + nbytes > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 def drain(stream: Iterable) -> None:
     """Run a stream to its end so that every rank finishes the same collectives."""
     for _ in stream:
@@ -56,28 +77,40 @@ class Resharder:
     it gets a bucket of its own). Plan ranks are ranks of ``group`` (default: the world).
     """
 
-    def __init__(self, plan: ReshardPlan, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None):
+    def __init__(self, plan: ReshardPlan, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None,
+                 transport: str = "auto"):
         if bucket_bytes <= 0:
             raise ValueError(f"reshard bucket_bytes={bucket_bytes} must be > 0 (e.g. {DEFAULT_BUCKET_BYTES})")
-        self.plan, self.bucket_bytes, self.group = plan, bucket_bytes, group
+        if transport not in TRANSPORTS:
+            raise ValueError(f"reshard transport={transport!r} is unknown: use one of {TRANSPORTS}")
+        self.plan, self.bucket_bytes, self.group, self.transport = plan, bucket_bytes, group, transport
         self.rank = dist.get_rank(group)
         if dist.get_world_size(group) != plan.train.world:
             raise ValueError(f"reshard plan is for {plan.train.world} ranks but the process group has "
                              f"{dist.get_world_size(group)}; build the plan from this group's layout")
         self.stats = TransferStats()
+        self._host: HostExchange | None = None
+        self._decided_for = 0  # the element size the transport was chosen (buffers sized) for
+        self._bucket_moves: list[bool] = []
+        self.uses_shared_memory = False
+
+    def _order(self) -> list[int]:
+        """Tensor indices, the pipeline stages interleaved (stage 0's first, stage 1's first, ...).
+
+        A stage's tensors sit on its ranks only, so in plan order a bucket would have one stage's
+        ranks sending and the others only receiving, each side waiting for the other in turn;
+        mixed buckets keep every rank writing and reading at once. Within a stage the order (layer
+        by layer, which vLLM's reload buffers least for) is kept."""
+        by_stage: dict[int, list[int]] = defaultdict(list)
+        for ti, t in enumerate(self.plan.tensors):
+            by_stage[t.stage].append(ti)
+        lists = [by_stage[s] for s in sorted(by_stage)]
+        return [ti for k in range(max(map(len, lists), default=0)) for lst in lists if k < len(lst)
+                for ti in lst[k:k + 1]]
 
     def _buckets(self, itemsize: int) -> list[list[int]]:
-        buckets, current, size = [], [], 0
-        for ti, t in enumerate(self.plan.tensors):
-            nbytes = math.prod(t.shape) * itemsize
-            if current and size + nbytes > self.bucket_bytes:
-                buckets.append(current)
-                current, size = [], 0
-            current.append(ti)
-            size += nbytes
-        if current:
-            buckets.append(current)
-        return buckets
+        return split_into_buckets(((ti, math.prod(self.plan.tensors[ti].shape) * itemsize) for ti in self._order()),
+                                  self.bucket_bytes)
 
     def _peer(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
@@ -109,7 +142,9 @@ class Resharder:
         for p in self.plan.pieces:
             if self.rank in (p.src, p.dst):
                 by_tensor[p.tensor].append(p)
-        for bucket in self._buckets(dtype.itemsize):
+        buckets = self._buckets(dtype.itemsize)
+        self._choose_transport(buckets, dtype, device)
+        for b, bucket in enumerate(buckets):
             start = time.perf_counter()
             out = {ti: torch.empty(self.plan.tensors[ti].shape, dtype=dtype, device=device) for ti in bucket}
             sends: dict[int, list[torch.Tensor]] = defaultdict(list)
@@ -120,34 +155,105 @@ class Resharder:
                         self._region(out[ti], p).copy_(self._source(local_params, p))
                         stats.bytes_local += self.plan.numel(p) * dtype.itemsize
                     elif p.src == self.rank:
-                        sends[p.dst].append(self._source(local_params, p).reshape(-1))
+                        sends[p.dst].append(self._source(local_params, p))
                     else:
                         recvs[p.src].append(p)
-            send_bufs = {dst: torch.cat(parts) for dst, parts in sends.items()}
-            recv_bufs = {src: torch.empty(sum(self.plan.numel(p) for p in ps), dtype=dtype, device=device)
-                         for src, ps in recvs.items()}
-            ops = [dist.P2POp(dist.isend, buf, self._peer(dst), self.group) for dst, buf in sorted(send_bufs.items())]
-            ops += [dist.P2POp(dist.irecv, buf, self._peer(src), self.group) for src, buf in sorted(recv_bufs.items())]
-            if ops:
-                for req in dist.batch_isend_irecv(ops):
-                    req.wait()
-            for src, ps in recvs.items():
-                offset = 0
-                for p in ps:
-                    region = self._region(out[p.tensor], p)
-                    region.copy_(recv_bufs[src][offset:offset + region.numel()].view(region.shape))
-                    offset += region.numel()
-            sent = sum(b.numel() for b in send_bufs.values()) * dtype.itemsize
-            received = sum(b.numel() for b in recv_bufs.values()) * dtype.itemsize
+            if self.uses_shared_memory:
+                sent = received = 0
+                if self._bucket_moves[b]:  # else no rank has a piece to move: skip the barriers
+                    sent, received = self._exchange_shared(sends, recvs, out, dtype)
+            else:
+                sent, received = self._exchange_p2p(sends, recvs, out, dtype, device)
             stats.bytes_sent += sent
             stats.bytes_received += received
             stats.buckets += 1
             stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, sent + received +
                                           sum(t.numel() for t in out.values()) * dtype.itemsize)
-            del send_bufs, recv_bufs
             stats.seconds += time.perf_counter() - start
             for ti in bucket:
                 yield self.plan.tensors[ti].hf_name, out.pop(ti)
+
+    def _choose_transport(self, buckets: list[list[int]], dtype: torch.dtype, device: torch.device) -> None:
+        """Map shared buffers the first time (collective), sized to this element size's buckets.
+
+        Plans where nothing crosses ranks (tp_g = tp) map nothing: the p2p path then has no ops."""
+        if self.transport == "p2p" or self._decided_for == dtype.itemsize:
+            return
+        self.close()
+        self._decided_for = dtype.itemsize
+        if device.type != "cpu" or dist.get_world_size(self.group) == 1:
+            if self.transport == "shm":
+                raise ValueError("reshard transport='shm' needs CPU tensors and more than one rank; "
+                                 "use transport='auto'")
+            return
+        capacity: dict[tuple[int, int], int] = defaultdict(int)
+        self._bucket_moves = []  # per bucket: does any rank send anything (the same on every rank)
+        for bucket in buckets:
+            in_bucket: dict[tuple[int, int], int] = defaultdict(int)
+            members, moves = set(bucket), False
+            for p in self.plan.pieces:
+                if p.tensor in members and p.src != p.dst:
+                    moves = True
+                    if self.rank in (p.src, p.dst):
+                        in_bucket[(p.src, p.dst)] += self.plan.numel(p) * dtype.itemsize
+            self._bucket_moves.append(moves)
+            for pair, n in in_bucket.items():
+                capacity[pair] = max(capacity[pair], n)
+        if not any(self._bucket_moves):  # every rank's generation shard is local: nothing to map
+            return
+        self._host = HostExchange.open(capacity, self.group)
+        if self._host is None and self.transport == "shm":
+            raise RuntimeError("reshard transport='shm': shared memory cannot serve these ranks (other "
+                               "hosts, or too little room in /dev/shm); use transport='auto' or 'p2p'")
+        self.uses_shared_memory = self._host is not None
+
+    def close(self) -> None:
+        """Drop the shared buffers (they are mapped again by the next stream)."""
+        if self._host is not None:
+            self._host.close()
+        self._host, self._decided_for, self.uses_shared_memory = None, 0, False
+
+    def _exchange_shared(self, sends, recvs, out, dtype) -> tuple[int, int]:
+        """Pieces go straight from the parameters into the pair's buffer and out into ``out``."""
+        sent = received = 0
+        for dst, parts in sends.items():
+            view = self._host.send_view(dst, sum(t.numel() for t in parts), dtype)
+            offset = 0
+            for t in parts:
+                view[offset:offset + t.numel()].view(t.shape).copy_(t)
+                offset += t.numel()
+            sent += offset * dtype.itemsize
+        self._host.fence()  # every write of this round is done before anyone reads
+        for src, ps in recvs.items():
+            view = self._host.recv_view(src, sum(self.plan.numel(p) for p in ps), dtype)
+            offset = 0
+            for p in ps:
+                region = self._region(out[p.tensor], p)
+                region.copy_(view[offset:offset + region.numel()].view(region.shape))
+                offset += region.numel()
+            received += offset * dtype.itemsize
+        self._host.fence()  # every read is done before the next round overwrites the buffers
+        return sent, received
+
+    def _exchange_p2p(self, sends, recvs, out, dtype, device) -> tuple[int, int]:
+        """One batched isend/irecv round, one contiguous message per (source, destination)."""
+        send_bufs = {dst: torch.cat([t.reshape(-1) for t in parts]) for dst, parts in sends.items()}
+        recv_bufs = {src: torch.empty(sum(self.plan.numel(p) for p in ps), dtype=dtype, device=device)
+                     for src, ps in recvs.items()}
+        ops = [dist.P2POp(dist.isend, buf, self._peer(dst), self.group) for dst, buf in sorted(send_bufs.items())]
+        ops += [dist.P2POp(dist.irecv, buf, self._peer(src), self.group) for src, buf in sorted(recv_bufs.items())]
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        for src, ps in recvs.items():
+            offset = 0
+            for p in ps:
+                region = self._region(out[p.tensor], p)
+                region.copy_(recv_bufs[src][offset:offset + region.numel()].view(region.shape))
+                offset += region.numel()
+        sent = sum(b.numel() for b in send_bufs.values()) * dtype.itemsize
+        received = sum(b.numel() for b in recv_bufs.values()) * dtype.itemsize
+        return sent, received
 
     def _source(self, local_params: Mapping[str, torch.Tensor], p: Piece) -> torch.Tensor:
         t = self.plan.tensors[p.tensor]
@@ -162,44 +268,3 @@ class Resharder:
     @staticmethod
     def _region(x: torch.Tensor, p: Piece) -> torch.Tensor:
         return x if p.dim is None else x.narrow(p.dim, p.start, p.stop - p.start)
-
-
-def fsdp_to_hf_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                      stats: TransferStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield full tensors of FSDP (DTensor-sharded) parameters, gathered ``bucket_bytes`` at a time.
-
-    Names pass through unchanged (FSDP wraps an HF model, so they are HF names already). Every
-    rank gets every full tensor: vLLM narrows them to its generation shard.
-    """
-    from torch.distributed.tensor import DTensor
-
-    stats = stats if stats is not None else TransferStats()
-    pending: list[tuple[str, torch.Tensor]] = []
-    size = 0
-
-    def flush():
-        start = time.perf_counter()
-        full = []
-        for name, t in pending:
-            t = t.detach()
-            if isinstance(t, DTensor):
-                local = t.to_local().numel() * t.element_size()
-                t = t.full_tensor()
-                moved = t.numel() * t.element_size() - local
-                stats.bytes_received += moved
-                stats.bytes_sent += moved  # a ring all-gather sends as much as it receives
-            full.append((name, t))
-        stats.buckets += 1
-        stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, sum(t.numel() * t.element_size() for _, t in full))
-        stats.seconds += time.perf_counter() - start
-        return full
-
-    for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
-        if pending and size + nbytes > bucket_bytes:
-            yield from flush()
-            pending, size = [], 0
-        pending.append((name, t))
-        size += nbytes
-    if pending:
-        yield from flush()

@@ -101,8 +101,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _make_weight_source(self):
         """How this rank streams the actor's weights into the rollout (the resharding plan)."""
-        from resharding import GenLayout, Resharder, TrainLayout, TransferStats, fsdp_to_hf_stream, \
-            plan_from_param_specs
+        from resharding import FSDPWeightStream, GenLayout, Resharder, TrainLayout, plan_from_param_specs
 
         s, engine = self.s, self.engine
         if engine is None or s.rollout.name == "hf":
@@ -115,8 +114,8 @@ class ActorRolloutRefWorker(Worker):
             resharder = Resharder(plan_from_param_specs(param_specs, engine.hf_config, train, gen),
                                   bucket_bytes=s.reshard_bucket_bytes)
             return (lambda: resharder.stream(dict(engine.model.named_parameters()))), resharder.stats
-        stats = TransferStats()
-        return (lambda: fsdp_to_hf_stream(engine.model.named_parameters(), s.reshard_bucket_bytes, stats)), stats
+        weights = FSDPWeightStream(s.reshard_bucket_bytes)
+        return (lambda: weights.stream(engine.model.named_parameters())), weights.stats
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.mesh("rollout"))

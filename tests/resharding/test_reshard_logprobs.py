@@ -32,10 +32,12 @@ def _prompts():
 
 def _weights(engine, strategy, tp, pp, tp_g, world, stats):
     """The weight stream of this engine (what the hybrid worker wires up)."""
-    from resharding.transfer import Resharder, fsdp_to_hf_stream
+    from resharding.fsdp_stream import FSDPWeightStream
+    from resharding.transfer import Resharder
 
-    if strategy == "fsdp":
-        return (lambda: fsdp_to_hf_stream(engine.model.named_parameters(), bucket_bytes=1 << 16, stats=stats)), stats
+    if strategy == "fsdp":  # default transport: shared buffers between these CPU ranks
+        weights = FSDPWeightStream(bucket_bytes=1 << 16, stats=stats)
+        return (lambda: weights.stream(engine.model.named_parameters())), stats
     from resharding.layout import GenLayout, TrainLayout
     from resharding.plan import plan_from_param_specs
     from workers.models.layout import param_specs

@@ -12,7 +12,7 @@ LAYOUTS_4 = [(1, 4, 1, 2, C), (1, 4, 1, 4, C), (2, 2, 1, 1, C), (2, 2, 1, 2, C),
              (1, 4, 1, 2, S), (2, 2, 1, 2, S)]
 
 
-def _reshard_layouts(rank, world, layouts, bucket_bytes):
+def _reshard_layouts(rank, world, layouts, bucket_bytes, transport):
     from resharding.layout import GenLayout, TrainLayout
     from resharding.plan import build_plan
     from resharding.transfer import Resharder
@@ -25,7 +25,7 @@ def _reshard_layouts(rank, world, layouts, bucket_bytes):
                           full_table(dims, 2, tp, pp, tied=(pp == 2)), dims)
         full = reference_weights(plan, seed=7)  # the same on every rank: the test's ground truth
         local = megatron_shards(plan, full, rank)
-        resharder = Resharder(plan, bucket_bytes=bucket_bytes)
+        resharder = Resharder(plan, bucket_bytes=bucket_bytes, transport=transport)
         seen, wrong = [], []
         index = {t.hf_name: i for i, t in enumerate(plan.tensors)}
         for name, tensor in resharder.stream(local):
@@ -36,34 +36,47 @@ def _reshard_layouts(rank, world, layouts, bucket_bytes):
                 wrong.append(name)
             seen.append(name)
         expected = plan.elements(rank)
-        results.append(dict(layout=(pp, tp, dp, tp_g), wrong=wrong, complete=seen == list(full),
+        results.append(dict(layout=(pp, tp, dp, tp_g), wrong=wrong, complete=sorted(seen) == sorted(full) and len(seen) == len(full),
+                            shared=resharder.uses_shared_memory,
+                            moves=any(p.src != p.dst for p in plan.pieces),
                             stats=vars(resharder.stats), expected_received=4 * expected["received"],
                             expected_sent=4 * expected["sent"], model_bytes=4 * plan.model_elements()))
     return results
 
 
-def _fsdp_stream(rank, world):
+def _fsdp_stream(rank, world, transport):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from resharding.transfer import TransferStats, fsdp_to_hf_stream
+    from resharding.fsdp_stream import FSDPWeightStream
 
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(3)
     full = {"model.embed_tokens.weight": torch.randn(10, 4, generator=g),  # uneven: 5 rows per rank
             "model.norm.weight": torch.randn(4, generator=g), "lm_head.weight": torch.randn(7, 4, generator=g)}
     shards = [(n, distribute_tensor(t, mesh, [Shard(0)])) for n, t in full.items()]
-    stats = TransferStats()
-    out = list(fsdp_to_hf_stream(shards, bucket_bytes=100, stats=stats))
-    return [n for n, _ in out], all(torch.equal(t, full[n]) for n, t in out), vars(stats)
+    weights = FSDPWeightStream(bucket_bytes=100, transport=transport)
+    runs = []
+    for step in range(2):  # the second sync reuses the shared buffers and must see new values
+        if step:
+            for _, t in shards:
+                t.to_local().mul_(-2)
+            full = {n: t * -2 for n, t in full.items()}
+        out = list(weights.stream(shards))
+        runs.append(([n for n, _ in out], all(torch.equal(t, full[n]) for n, t in out), vars(weights.stats)))
+    return runs, weights.uses_shared_memory
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,layouts", [(2, LAYOUTS_2), (4, LAYOUTS_4)])
-def test_bucketed_reshard_delivers_vllm_regions(world, layouts):
-    per_rank = run_distributed(_reshard_layouts, world, layouts, 512, timeout_s=540)
+@pytest.mark.parametrize("world,layouts,transport", [(2, LAYOUTS_2, "shm"), (4, LAYOUTS_4, "shm"),
+                                                     (4, LAYOUTS_4, "p2p")])
+def test_bucketed_reshard_delivers_vllm_regions(world, layouts, transport):
+    """Both transports: shared buffers (what CPU ranks of one host use) and batched isend/irecv
+    (what GPUs and ranks of several hosts use) deliver the same regions and count the same bytes."""
+    per_rank = run_distributed(_reshard_layouts, world, layouts, 512, transport, timeout_s=540)
     for rank, results in enumerate(per_rank):
         for r in results:
+            assert r["shared"] == (transport == "shm" and r["moves"]), (rank, r)
             assert r["wrong"] == [] and r["complete"], (rank, r)
             assert r["stats"]["bytes_received"] == r["expected_received"], (rank, r)
             assert r["stats"]["bytes_sent"] == r["expected_sent"], (rank, r)
@@ -79,11 +92,14 @@ def test_bucketed_reshard_delivers_vllm_regions(world, layouts):
 
 
 @pytest.mark.slow
-def test_fsdp_stream_yields_full_tensors_per_bucket():
-    for rank, (names, equal, stats) in enumerate(run_distributed(_fsdp_stream, 2, timeout_s=540)):
-        assert names == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-        assert equal
-        assert stats["buckets"] == 3  # 160 B, then 16 B (+112 B would pass 100 B), then 112 B
-        # rank 0 holds 5+2+4 of the 10+4+7 rows, rank 1 holds 5+2+3 (torch.chunk sharding)
-        held = [20 + 2 + 16, 20 + 2 + 12][rank]
-        assert stats["bytes_received"] == (40 + 4 + 28 - held) * 4
+@pytest.mark.parametrize("transport", ["shm", "p2p"])
+def test_fsdp_stream_yields_full_tensors_per_bucket(transport):
+    for rank, (runs, shared) in enumerate(run_distributed(_fsdp_stream, 2, transport, timeout_s=540)):
+        assert shared == (transport == "shm")
+        for names, equal, stats in runs:
+            assert names == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+            assert equal
+            assert stats["buckets"] == 3  # 160 B, then 16 B (+112 B would pass 100 B), then 112 B
+            # rank 0 holds 5+2+4 of the 10+4+7 rows, rank 1 holds 5+2+3 (torch.chunk sharding)
+            held = [20 + 2 + 16, 20 + 2 + 12][rank]
+            assert stats["bytes_received"] == (40 + 4 + 28 - held) * 4
