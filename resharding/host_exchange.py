@@ -60,9 +60,10 @@ class HostExchange:
     """
 
     def __init__(self, group, rank: int, sends: dict[int, torch.Tensor],
-                 recvs: dict[tuple[int, int], torch.Tensor]):
+                 recvs: dict[tuple[int, int], torch.Tensor], paths: list[str]):
         self.group, self.rank = group, rank
         self._sends, self._recvs = sends, recvs
+        self.paths = paths  # the names this rank created or mapped (all unlinked by now)
 
     @classmethod
     def open(cls, capacity: Mapping[tuple[int, int], int], group=None) -> "HostExchange | None":
@@ -107,7 +108,8 @@ class HostExchange:
         finally:
             for p in created:  # mapped where needed (or given up): the names can go
                 os.unlink(p)
-        return cls(group, rank, sends, recvs) if ok else None
+        used = [path(src, dst) for src, dst in capacity if rank in (src, dst) or dst == EVERY]
+        return cls(group, rank, sends, recvs, used) if ok else None
 
     def send_view(self, dst: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self._sends[dst][:numel * dtype.itemsize].view(dtype)

@@ -64,7 +64,10 @@ def _fsdp_stream(rank, world, transport):
             full = {n: t * -2 for n, t in full.items()}
         out = list(weights.stream(shards))
         runs.append(([n for n, _ in out], all(torch.equal(t, full[n]) for n, t in out), vars(weights.stats)))
-    return runs, weights.uses_shared_memory
+    import os
+    # the buffers stay mapped for the next sync, but no name is left in /dev/shm
+    left = [p for p in (weights._host.paths if weights._host else []) if os.path.exists(p)]
+    return runs, weights.uses_shared_memory, left
 
 
 @pytest.mark.slow
@@ -94,8 +97,8 @@ def test_bucketed_reshard_delivers_vllm_regions(world, layouts, transport):
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["shm", "p2p"])
 def test_fsdp_stream_yields_full_tensors_per_bucket(transport):
-    for rank, (runs, shared) in enumerate(run_distributed(_fsdp_stream, 2, transport, timeout_s=540)):
-        assert shared == (transport == "shm")
+    for rank, (runs, shared, left) in enumerate(run_distributed(_fsdp_stream, 2, transport, timeout_s=540)):
+        assert shared == (transport == "shm") and left == []
         for names, equal, stats in runs:
             assert names == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
             assert equal
