@@ -1,6 +1,6 @@
-"""Benchmark one forward per distinct prompt (``share_prompt_prefix``) in the FSDP engine.
+"""Benchmark one forward per distinct prompt (``share_prompt_prefix``) in the FSDP and Megatron engines.
 
-Two gloo ranks x 1 thread run ``FSDPEngine.train_batch`` (forward + backward + AdamW) and
+Two gloo ranks x 1 thread run the engine's ``train_batch`` (forward + backward + AdamW) and
 ``compute_log_prob`` on GRPO-shaped rows (``--prompts`` prompts x ``--samples`` samples, the
 samples of a prompt on consecutive rows, as the trainer lays them out), with sharing on and off,
 interleaved over rounds so load drift hits both alike. Prints JSON: seconds per call (median of
@@ -8,6 +8,7 @@ per-round bests) and the shared/per-row ratio for each parameter layout.
 
     .venv/bin/python scripts/bench/prefix_sharing.py                      # e2e's medium model
     .venv/bin/python scripts/bench/prefix_sharing.py --layouts 1 --rounds 5
+    .venv/bin/python scripts/bench/prefix_sharing.py --layouts megatron-dp2,megatron-tp2,megatron-pp2
 """
 from __future__ import annotations
 
@@ -69,16 +70,30 @@ def _rank(rank, world, port, args, ckpt, queue):
     from workers.engines.config import EngineConfig
     from workers.engines.fsdp import FSDPEngine
 
+    def make_engine(layout: str, share: bool):
+        if layout.startswith("megatron-"):
+            from megatron.core import parallel_state as ps
+
+            from workers.engines.megatron import MegatronEngine
+
+            ps.destroy_model_parallel()
+            kind = layout.removeprefix("megatron-")
+            return MegatronEngine(EngineConfig(strategy="megatron", lr=1e-5, micro_batch_size_per_gpu=args.micro_batch,
+                                               tp=2 if kind == "tp2" else 1, pp=2 if kind == "pp2" else 1,
+                                               share_prompt_prefix=share), ckpt, "actor")
+        return FSDPEngine(EngineConfig(lr=1e-5, micro_batch_size_per_gpu=args.micro_batch,
+                                       fsdp_size=int(layout), share_prompt_prefix=share), ckpt, "actor")
+
     init_distributed(timeout_s=300)
     data = grouped_batch(args.prompts, args.samples, args.prompt_len, args.response_len, 60, seed=0)
-    per_rank = len(data) // world
-    mine = data[rank * per_rank:(rank + 1) * per_rank]
     results = {}
     for layout in args.layouts:
         for rnd in range(args.rounds):
             for share in ((False, True) if rnd % 2 == 0 else (True, False)):
-                engine = FSDPEngine(EngineConfig(lr=1e-5, micro_batch_size_per_gpu=args.micro_batch,
-                                                 fsdp_size=layout, share_prompt_prefix=share), ckpt, "actor")
+                engine = make_engine(layout, share)
+                dp_rank, dp_size = getattr(engine, "dp_rank", rank), getattr(engine, "dp_size", world)
+                per_rank = len(data) // dp_size  # TP and PP peers hold the same rows
+                mine = data[dp_rank * per_rank:(dp_rank + 1) * per_rank]
                 engine.train_batch(mine, pg_loss)  # warm-up
                 best = {"train_batch": float("inf"), "compute_log_prob": float("inf")}
                 for _ in range(args.steps):
@@ -101,11 +116,12 @@ def main(argv=None) -> dict:
     p.add_argument("--prompt-len", type=int, default=8)
     p.add_argument("--response-len", type=int, default=16)
     p.add_argument("--micro-batch", type=int, default=64, help="rows per forward/backward per rank")
-    p.add_argument("--layouts", default="1,-1", help="fsdp_size values: 1 replicated (DDP), -1 sharded")
+    p.add_argument("--layouts", default="1,-1", help="FSDP fsdp_size values (1 replicated, -1 sharded) and/or "
+                   "megatron-dp2, megatron-tp2, megatron-pp2")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=2, help="timed calls per engine per round (best kept)")
     args = p.parse_args(argv)
-    args.layouts = [int(x) for x in args.layouts.split(",")]
+    args.layouts = args.layouts.split(",")
 
     import torch.multiprocessing as mp
 
@@ -134,7 +150,8 @@ def main(argv=None) -> dict:
                                              for i in range(args.rounds)) for share in (False, True)}
             entry[what] = {"per_row_s": round(secs[False], 4), "shared_s": round(secs[True], 4),
                            "ratio": round(secs[True] / secs[False], 3)}
-        report["results"]["replicated" if layout == 1 else f"fsdp_size={layout}"] = entry
+        name = layout if layout.startswith("megatron-") else ("replicated" if layout == "1" else f"fsdp_size={layout}")
+        report["results"][name] = entry
     print(json.dumps(report, indent=2))
     return report
 

@@ -8,7 +8,10 @@ One optimizer step (``train_batch``), in order: 1F1B forward/backward of every m
 loss scaled by ``micro_rows / mini_rows``, base.py) -> tied-embedding gradient all-reduce between
 the first and last stage (PP > 1) -> gradient average over the DP group -> global grad-norm over
 the TP x PP ranks (replicated tensors counted once) -> clip -> AdamW -> LR schedule.
-Outputs (log-probs, values, metrics) are broadcast from the last stage, so every rank returns
+Rows that repeat a prompt (GRPO's n samples) run it once per micro-batch and stage
+(``share_prompt_prefix``; ``MegatronCausalLM`` puts prompts and responses in one flat sequence,
+so each linear layer and its TP collective still runs once). Outputs (log-probs, values,
+metrics) are broadcast from the last stage, so every rank returns
 them; the collect rank is TP rank 0 of the last stage. ``param_dtype="bf16"``: bf16 parameters
 for compute, fp32 master weights, gradients reduced in fp32 (megatron's mixed-precision recipe).
 """
@@ -26,6 +29,7 @@ from torch import Tensor
 from hybridflow import device as hf_device
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
                                   mean_over_ranks, mini_batch_meta, skipped_rows_frac, split_micro_batches)
+from workers.engines import prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
@@ -33,7 +37,7 @@ from workers.engines.megatron_state import GradientSync, load_sharded, save_shar
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
 from workers.models.convert import export_hf, load_stage
 from workers.models.layout import ModelDims
-from workers.models.transformer import PARAM_DTYPES, MegatronCausalLM, parallel_config
+from workers.models.transformer import PARAM_DTYPES, MegatronCausalLM, SharedPrompts, parallel_config
 from workers.models.vocab_parallel import vocab_parallel_response_outputs
 
 ROLES = ("actor", "ref", "critic")
@@ -106,8 +110,25 @@ class MegatronEngine:
         batch = micro.batch
         start, end = span
         cols = slice(start, end)
-        return self.model(batch["input_ids"][:, cols].to(self.device), batch["position_ids"][:, cols].to(self.device),
-                          batch["attention_mask"][:, cols].to(self.device), hidden=hidden)
+        input_ids, position_ids, attention_mask = (batch[k][:, cols].to(self.device) for k in
+                                                   ("input_ids", "position_ids", "attention_mask"))
+        return self.model(input_ids, position_ids, attention_mask, hidden=hidden,
+                          shared=self._shared_prompts(micro, input_ids, attention_mask, position_ids, span))
+
+    def _shared_prompts(self, micro, input_ids, attention_mask, position_ids, span) -> SharedPrompts | None:
+        """Which rows repeat a prompt, if sharing pays (prefix_sharing.py). The TP and PP peers of
+        a rank hold the same micro-batch, so they all decide alike and their collectives match."""
+        if not self.config.share_prompt_prefix:
+            return None
+        start, end = span
+        prompt_len = micro.batch["input_ids"].shape[1] - micro.batch["responses"].shape[1]
+        p = prompt_len - start
+        if p <= 0 or end <= prompt_len:
+            return None
+        first_rows, inverse = prefix_sharing.distinct_prompts(input_ids, attention_mask, position_ids, 0, p)
+        if not prefix_sharing.saves_enough(first_rows, len(input_ids), 0, p, end - start + 1):
+            return None
+        return SharedPrompts(first_rows, inverse, p)
 
     def _head_outputs(self, micro, hidden: Tensor, span: tuple[int, int], temperature: float,
                       calculate_entropy: bool) -> dict[str, Tensor]:

@@ -10,7 +10,9 @@ m rows and U distinct prompts skips ``(m - U) * prompt_columns`` token positions
 
 The helpers work on the padded layout of ``FSDPEngine._padded_head_inputs`` (left-padded prompts
 in columns ``[start, P)``, right-padded responses after). The last response column is never an
-input: its output would predict a token past the response.
+input: its output would predict a token past the response. The Megatron engine uses
+``distinct_prompts`` and ``saves_enough`` too; its own model (``MegatronCausalLM``) does the
+sharing in one call per layer instead of the two HF calls of ``shared_prefix_logits``.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ groups never cross ranks; a stage returns final-normed hidden states and the hea
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,36 @@ from torch import Tensor, nn
 from workers.models.layout import ModelDims
 
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class SharedPrompts:
+    """Rows of a micro-batch that repeat a prompt (GRPO's n samples), for a forward that runs each
+    distinct prompt once: ``first_rows`` ``[U]`` one row per distinct prompt, ``inverse`` ``[m]``
+    each row's prompt number, ``prompt_cols`` the prompt's leading columns of the input.
+    (``workers/engines/prefix_sharing.distinct_prompts`` finds them.)"""
+
+    first_rows: Tensor
+    inverse: Tensor
+    prompt_cols: int
+
+
+@dataclass(frozen=True)
+class _FlatBatch:
+    """How a flat token sequence ``[1, U*P + m*R, h]`` splits into prompts ``[U, P]`` and
+    responses ``[m, R]``, with their rotary tables and attention masks."""
+
+    u: int
+    p: int
+    m: int
+    r: int
+    cos_p: Tensor
+    sin_p: Tensor
+    cos_r: Tensor
+    sin_r: Tensor
+    mask_p: Tensor  # [U, 1, P, P]
+    mask_r: Tensor  # [m, 1, R, P + R]: a row's own prompt keys, then its response keys
+    inverse: Tensor
 
 
 def _skip_init(weight: Tensor) -> None:
@@ -89,6 +120,12 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x`` ``[b, heads, s, hd]``; ``cos``/``sin`` ``[b, s, hd]``."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + _rotate_half(x) * sin
+
+
 class SelfAttention(nn.Module):
     """GQA attention; ``linear_qkv`` rows per rank are ``[q_r; k_r; v_r]`` (layout.py)."""
 
@@ -103,21 +140,42 @@ class SelfAttention(nn.Module):
             dims.num_heads * dims.head_dim, dims.hidden_size, config=cfg, init_method=_skip_init,
             bias=False, input_is_parallel=True, skip_bias_add=False)
 
+    def _heads(self, qkv: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = qkv.split([self.nq * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        return (q.reshape(rows, cols, self.nq, self.hd).transpose(1, 2),
+                k.reshape(rows, cols, self.nkv, self.hd).transpose(1, 2),
+                v.reshape(rows, cols, self.nkv, self.hd).transpose(1, 2))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """SDPA with HF's repeat_kv (query head j uses kv head j // group); ``[b, s, nq*hd]``."""
+        group = self.nq // self.nkv
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], self.nq * self.hd)
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         b, s, _ = x.shape
         qkv, _ = self.linear_qkv(x)
-        q, k, v = qkv.split([self.nq * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(b, s, self.nq, self.hd).transpose(1, 2)
-        k = k.view(b, s, self.nkv, self.hd).transpose(1, 2)
-        v = v.view(b, s, self.nkv, self.hd).transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        group = self.nq // self.nkv
-        if group > 1:  # query head j uses kv head j // group, as HF's repeat_kv
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out, _ = self.linear_proj(out.transpose(1, 2).reshape(b, s, self.nq * self.hd))
+        q, k, v = self._heads(qkv, b, s)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        out, _ = self.linear_proj(self._attend(q, k, v, mask))
+        return out
+
+    def forward_flat(self, x: Tensor, fb: _FlatBatch) -> Tensor:
+        """Prompts and responses in one flat sequence: every linear layer runs once on all tokens;
+        only attention splits them. Response queries see their own prompt's keys and values
+        (gathered by ``fb.inverse``, so their gradients add up in the one prompt pass)."""
+        qkv, _ = self.linear_qkv(x)
+        n_p = fb.u * fb.p
+        qp, kp, vp = self._heads(qkv[0, :n_p], fb.u, fb.p)
+        qr, kr, vr = self._heads(qkv[0, n_p:], fb.m, fb.r)
+        qp, kp = _rope(qp, fb.cos_p, fb.sin_p), _rope(kp, fb.cos_p, fb.sin_p)
+        qr, kr = _rope(qr, fb.cos_r, fb.sin_r), _rope(kr, fb.cos_r, fb.sin_r)
+        out_p = self._attend(qp, kp, vp, fb.mask_p)
+        out_r = self._attend(qr, torch.cat([kp[fb.inverse], kr], dim=2), torch.cat([vp[fb.inverse], vr], dim=2),
+                             fb.mask_r)
+        out, _ = self.linear_proj(torch.cat([out_p.reshape(1, n_p, -1), out_r.reshape(1, fb.m * fb.r, -1)], dim=1))
         return out
 
 
@@ -149,6 +207,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         x = x + self.self_attention(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.pre_mlp_layernorm(x))
+
+    def forward_flat(self, x: Tensor, fb: _FlatBatch) -> Tensor:
+        x = x + self.self_attention.forward_flat(self.input_layernorm(x), fb)
         return x + self.mlp(self.pre_mlp_layernorm(x))
 
 
@@ -206,18 +268,41 @@ class MegatronCausalLM(nn.Module):
                 raise ValueError(f"head={head!r} is unknown: use 'lm' or 'value'")
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Tensor,
-                hidden: Tensor | None = None) -> Tensor:
+                hidden: Tensor | None = None, shared: SharedPrompts | None = None) -> Tensor:
         """Stage 0 embeds ``input_ids``; later stages continue from ``hidden`` (the previous
-        stage's output). The last stage returns final-normed hidden states ``[b, s, h]``."""
+        stage's output). The last stage returns final-normed hidden states ``[b, s, h]``.
+
+        ``shared``: run each distinct prompt once (see SharedPrompts); the output still has one
+        row per input row (prompt columns copied from the row's prompt), so the pipeline passes
+        the same shapes and each stage shares again from its input."""
         x = self.embedding.word_embeddings(input_ids) if self.pre_process else hidden
         cos, sin = self.rotary(position_ids, x.dtype)
         mask = attention_mask_4d(attention_mask)
+        if shared is not None:
+            return self._forward_shared(x, cos, sin, mask, shared)
         for layer in self.decoder.layers:
             if self.gradient_checkpointing and self.training:
                 x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask)
         return self.decoder.final_layernorm(x) if self.post_process else x
+
+    def _forward_shared(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, shared: SharedPrompts) -> Tensor:
+        m, s, h = x.shape
+        rows, p = shared.first_rows, shared.prompt_cols
+        fb = _FlatBatch(u=len(rows), p=p, m=m, r=s - p, cos_p=cos[rows, :p], sin_p=sin[rows, :p],
+                        cos_r=cos[:, p:], sin_r=sin[:, p:], mask_p=mask[rows, :, :p, :p], mask_r=mask[:, :, p:],
+                        inverse=shared.inverse)
+        flat = torch.cat([x[rows, :p].reshape(1, -1, h), x[:, p:].reshape(1, -1, h)], dim=1)
+        for layer in self.decoder.layers:
+            if self.gradient_checkpointing and self.training:
+                flat = torch.utils.checkpoint.checkpoint(layer.forward_flat, flat, fb, use_reentrant=False)
+            else:
+                flat = layer.forward_flat(flat, fb)
+        if self.post_process:
+            flat = self.decoder.final_layernorm(flat)
+        n_p = fb.u * p
+        return torch.cat([flat[0, :n_p].view(fb.u, p, h)[shared.inverse], flat[0, n_p:].view(m, s - p, h)], dim=1)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """This TP rank's vocabulary slice of the logits, ``[..., V/tp]`` (never gathered)."""

@@ -14,8 +14,8 @@ import torch
 
 from hybridflow.tiny import load_tokenizer, make_tiny_checkpoint
 from tests.distributed import run_distributed
-from tests.workers.engines.fsdp_helpers import (hf_response_log_probs, make_rl_batch, policy_gradient_loss,
-                                                value_loss)
+from tests.workers.engines.fsdp_helpers import (hf_response_log_probs, make_grouped_rl_batch, make_rl_batch,
+                                                policy_gradient_loss, value_loss)
 
 WORLD, ROWS, P, R, VOCAB = 4, 8, 8, 8, 128
 TEMP, LR, CLIP = 0.7, 1e-3, 1.0
@@ -56,6 +56,39 @@ def _entropy_pg_loss(outputs, micro):
     return loss - 0.01 * bonus, metrics
 
 
+def _prompt_sharing(ckpt, tp, pp, rank):
+    """GRPO-shaped batch (4 prompts x 2 samples, 2 distinct prompts per micro-batch): log-probs,
+    entropy and one step with each prompt run once vs once per row. Counts the shared forwards."""
+    from megatron.core import parallel_state as ps
+
+    from workers.engines.megatron import MegatronEngine
+    from workers.models.transformer import MegatronCausalLM
+
+    calls = []
+    shared_forward = MegatronCausalLM._forward_shared
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return shared_forward(self, *args, **kwargs)
+
+    MegatronCausalLM._forward_shared = counted
+    data = make_grouped_rl_batch(4, 2, P, R, VOCAB, seed=6)
+    data.meta_info.update(temperature=TEMP, calculate_entropy=True)
+    out = {}
+    try:
+        for share in (False, True):
+            ps.destroy_model_parallel()
+            engine = MegatronEngine(_config(tp, pp, share_prompt_prefix=share, micro_batch_size_per_gpu=4), ckpt,
+                                    "actor")
+            mine = _share(data, engine)
+            lp, ent = engine.compute_log_prob(mine, TEMP, calculate_entropy=True)
+            out[share] = dict(log_probs=lp, entropy=ent, step=engine.train_batch(mine, _entropy_pg_loss),
+                              weights=_weights(engine, rank), calls=len(calls))
+    finally:
+        MegatronCausalLM._forward_shared = shared_forward
+    return out
+
+
 def _scenario(rank, world, ckpt, workdir):
     from megatron.core import parallel_state as ps
 
@@ -83,6 +116,7 @@ def _scenario(rank, world, ckpt, workdir):
             resumed = MegatronEngine(_config(tp, pp), ckpt, "actor")
             resumed.load_checkpoint(os.path.join(workdir, "ckpt"))
             res["step2_resumed"] = resumed.train_batch(mine2, _entropy_pg_loss)
+            res["sharing"] = _prompt_sharing(ckpt, tp, pp, rank)
             critic = MegatronEngine(_config(tp, pp), ckpt, "critic")
             res["critic_init"] = _weights(critic, rank)
             res["values"] = critic.compute_values(mine)
@@ -271,6 +305,22 @@ def test_critic_values_and_step_match_hf_token_classification(run, tmp_path):
     assert res0["critic_step"]["grad_norm"] == pytest.approx(norm, rel=1e-5)
     for name, param in model.named_parameters():
         assert (res0["critic_weights1"][name] - param.detach()).abs().max() < 1e-5, name
+
+
+@pytest.mark.slow
+def test_prompt_sharing_gives_the_same_outputs_and_step(run):
+    """TP2 x PP2: every stage runs each distinct prompt once; outputs and the step are unchanged."""
+    for rank, rank_result in enumerate(run["results"]):
+        off, on = rank_result["tp2pp2"]["sharing"][False], rank_result["tp2pp2"]["sharing"][True]
+        assert off["calls"] == 0 and on["calls"] > 0, "the shared forward did not run"
+        mask = make_grouped_rl_batch(4, 2, P, R, VOCAB, seed=6).batch["response_mask"].bool()  # dp = 1: all rows
+        assert (on["log_probs"] - off["log_probs"])[mask].abs().max() < 1e-5
+        assert (on["entropy"] - off["entropy"])[mask].abs().max() < 1e-5
+        assert on["step"]["grad_norm"] == pytest.approx(off["step"]["grad_norm"], rel=1e-5)
+        assert on["step"]["pg_loss"] == pytest.approx(off["step"]["pg_loss"], rel=1e-5)
+        if rank == 0:
+            for name, param in off["weights"].items():
+                assert (on["weights"][name] - param).abs().max() < 1e-6, name
 
 
 def test_skipping_zero_advantage_rows_takes_the_same_step(run):
