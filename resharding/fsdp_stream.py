@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from resharding.host_exchange import EVERY, HostExchange
-from resharding.transfer import DEFAULT_BUCKET_BYTES, TRANSPORTS, TransferStats, split_into_buckets
+from resharding.transfer import DEFAULT_BUCKET_BYTES, TransferStats, check_transfer_settings, split_into_buckets
 
 
 def _rows(n: int, world: int, rank: int) -> tuple[int, int]:
@@ -36,15 +36,15 @@ class FSDPWeightStream:
 
     def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, transport: str = "auto",
                  stats: TransferStats | None = None):
-        if bucket_bytes <= 0:
-            raise ValueError(f"reshard bucket_bytes={bucket_bytes} must be > 0 (e.g. {DEFAULT_BUCKET_BYTES})")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"reshard transport={transport!r} is unknown: use one of {TRANSPORTS}")
+        check_transfer_settings(bucket_bytes, transport)
         self.bucket_bytes, self.transport = bucket_bytes, transport
         self.stats = stats if stats is not None else TransferStats()
         self._host: HostExchange | None = None
         self._decided_for = None  # (mesh group, per-bucket shapes) the transport was chosen for
-        self.uses_shared_memory = False
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        return self._host is not None
 
     def _buckets(self, items: list[tuple[str, torch.Tensor]]) -> list[list[int]]:
         return split_into_buckets(((i, t.numel() * t.element_size()) for i, (_, t) in enumerate(items)),
@@ -77,12 +77,11 @@ class FSDPWeightStream:
             capacity[(src, EVERY)] = max(
                 sum(self._local_numel(items[i][1], world, src) * items[i][1].element_size() for i in bucket)
                 for bucket in buckets)
-        self._host = HostExchange.open(capacity, group)
-        if self._host is None and self.transport == "shm":
-            raise RuntimeError("reshard transport='shm': shared memory cannot serve these ranks (other "
-                               "hosts, or too little room in /dev/shm); use transport='auto' or 'p2p'")
-        self.uses_shared_memory = self._host is not None
-        self._world = world
+        # the buffers are laid out by torch.chunk rows: a rank whose shards differ says no before
+        # any round starts (a mid-round error would leave its peers waiting at a barrier)
+        me = mesh.get_local_rank()
+        chunk_rows = all(t.to_local().numel() == self._local_numel(t, world, me) for t in dtensors)
+        self._host = HostExchange.open(capacity, group, local_ok=chunk_rows, required=self.transport == "shm")
 
     @staticmethod
     def _local_numel(t: torch.Tensor, world: int, rank: int) -> int:
@@ -97,7 +96,7 @@ class FSDPWeightStream:
         """Drop the shared buffers (the next stream maps them again)."""
         if self._host is not None:
             self._host.close()
-        self._host, self._decided_for, self.uses_shared_memory = None, None, False
+        self._host, self._decided_for = None, None
 
     def stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
@@ -130,7 +129,8 @@ class FSDPWeightStream:
     def _gather_shared(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
 
-        host, world, me = self._host, self._world, self._host.rank
+        host = self._host
+        world, me = dist.get_world_size(host.group), host.rank
         sharded = [(i, t) for i, (_, t) in enumerate(bucket) if isinstance(t, DTensor)]
         full = [t if not isinstance(t, DTensor) else
                 torch.empty(t.shape, dtype=t.dtype, device=t.to_local().device) for _, t in bucket]
@@ -140,9 +140,6 @@ class FSDPWeightStream:
         for i, t in sharded:
             local = t.to_local()
             start, stop = _rows(t.shape[0], world, me)
-            if local.shape[0] != stop - start:
-                raise RuntimeError(f"FSDP shard of {bucket[i][0]} on rank {me} has {local.shape[0]} rows, "
-                                   f"expected {stop - start} (torch.chunk layout); use transport='p2p'")
             view[offset:offset + local.numel()].view(local.shape).copy_(local)
             full[i][start:stop].copy_(local)
             offset += local.numel()

@@ -66,12 +66,15 @@ class HostExchange:
         self.paths = paths  # the names this rank created or mapped (all unlinked by now)
 
     @classmethod
-    def open(cls, capacity: Mapping[tuple[int, int], int], group=None) -> "HostExchange | None":
+    def open(cls, capacity: Mapping[tuple[int, int], int], group=None, local_ok: bool = True,
+             required: bool = False) -> "HostExchange | None":
         """Map every pair's buffer on both of its ranks, or return None on every rank.
 
-        None means shared memory cannot serve this group: no /dev/shm, not enough room in it, or
-        ranks that do not see each other's files (other hosts or other IPC namespaces). Every rank
-        of ``group`` must call this with the same ``capacity``.
+        None means shared memory cannot serve this group: no /dev/shm, not enough room in it,
+        ranks that do not see each other's files (other hosts or other IPC namespaces), or a rank
+        that passed ``local_ok=False``. ``required``: raise instead, on every rank (the caller
+        asked for transport='shm'). Every rank of ``group`` must call this with the same
+        ``capacity``.
         """
         rank = dist.get_rank(group)
         token = [uuid.uuid4().hex if rank == 0 else None]
@@ -83,7 +86,7 @@ class HostExchange:
 
         mine = {dst: n for (src, dst), n in capacity.items() if src == rank and n > 0}
         created = []
-        ok = os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+        ok = local_ok and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
         for dst, n in sorted(mine.items()):
             if not ok:
                 break
@@ -108,8 +111,13 @@ class HostExchange:
         finally:
             for p in created:  # mapped where needed (or given up): the names can go
                 os.unlink(p)
+        if not ok:
+            if required:
+                raise RuntimeError("reshard transport='shm': shared memory cannot serve these ranks (other "
+                                   "hosts, too little room in /dev/shm, or tensors it cannot lay out); use transport='auto' or 'p2p'")
+            return None
         used = [path(src, dst) for src, dst in capacity if rank in (src, dst) or dst == EVERY]
-        return cls(group, rank, sends, recvs, used) if ok else None
+        return cls(group, rank, sends, recvs, used)
 
     def send_view(self, dst: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return self._sends[dst][:numel * dtype.itemsize].view(dtype)

@@ -64,6 +64,13 @@ def split_into_buckets(items: Iterable[tuple[int, int]], bucket_bytes: int) -> l
     return buckets
 
 
+def check_transfer_settings(bucket_bytes: int, transport: str) -> None:
+    if bucket_bytes <= 0:
+        raise ValueError(f"reshard bucket_bytes={bucket_bytes} must be > 0 (e.g. {DEFAULT_BUCKET_BYTES})")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"reshard transport={transport!r} is unknown: use one of {TRANSPORTS}")
+
+
 def drain(stream: Iterable) -> None:
     """Run a stream to its end so that every rank finishes the same collectives."""
     for _ in stream:
@@ -79,10 +86,7 @@ class Resharder:
 
     def __init__(self, plan: ReshardPlan, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None,
                  transport: str = "auto"):
-        if bucket_bytes <= 0:
-            raise ValueError(f"reshard bucket_bytes={bucket_bytes} must be > 0 (e.g. {DEFAULT_BUCKET_BYTES})")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"reshard transport={transport!r} is unknown: use one of {TRANSPORTS}")
+        check_transfer_settings(bucket_bytes, transport)
         self.plan, self.bucket_bytes, self.group, self.transport = plan, bucket_bytes, group, transport
         self.rank = dist.get_rank(group)
         if dist.get_world_size(group) != plan.train.world:
@@ -92,7 +96,10 @@ class Resharder:
         self._host: HostExchange | None = None
         self._decided_for = 0  # the element size the transport was chosen (buffers sized) for
         self._bucket_moves: list[bool] = []
-        self.uses_shared_memory = False
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        return self._host is not None
 
     def _order(self) -> list[int]:
         """Tensor indices, the pipeline stages interleaved (stage 0's first, stage 1's first, ...).
@@ -186,36 +193,32 @@ class Resharder:
                 raise ValueError("reshard transport='shm' needs CPU tensors and more than one rank; "
                                  "use transport='auto'")
             return
-        capacity: dict[tuple[int, int], int] = defaultdict(int)
-        self._bucket_moves = []  # per bucket: does any rank send anything (the same on every rank)
-        for bucket in buckets:
-            in_bucket: dict[tuple[int, int], int] = defaultdict(int)
-            members, moves = set(bucket), False
-            for p in self.plan.pieces:
-                if p.tensor in members and p.src != p.dst:
-                    moves = True
-                    if self.rank in (p.src, p.dst):
-                        in_bucket[(p.src, p.dst)] += self.plan.numel(p) * dtype.itemsize
-            self._bucket_moves.append(moves)
-            for pair, n in in_bucket.items():
-                capacity[pair] = max(capacity[pair], n)
+        bucket_of = {ti: b for b, bucket in enumerate(buckets) for ti in bucket}
+        per_bucket: list[dict[tuple[int, int], int]] = [defaultdict(int) for _ in buckets]
+        self._bucket_moves = [False] * len(buckets)  # does any rank send anything (alike on every rank)
+        for p in self.plan.pieces:
+            if p.src != p.dst:
+                b = bucket_of[p.tensor]
+                self._bucket_moves[b] = True
+                if self.rank in (p.src, p.dst):
+                    per_bucket[b][(p.src, p.dst)] += self.plan.numel(p) * dtype.itemsize
         if not any(self._bucket_moves):  # every rank's generation shard is local: nothing to map
             return
-        self._host = HostExchange.open(capacity, self.group)
-        if self._host is None and self.transport == "shm":
-            raise RuntimeError("reshard transport='shm': shared memory cannot serve these ranks (other "
-                               "hosts, or too little room in /dev/shm); use transport='auto' or 'p2p'")
-        self.uses_shared_memory = self._host is not None
+        capacity: dict[tuple[int, int], int] = defaultdict(int)
+        for in_bucket in per_bucket:
+            for pair, n in in_bucket.items():
+                capacity[pair] = max(capacity[pair], n)
+        self._host = HostExchange.open(capacity, self.group, required=self.transport == "shm")
 
     def close(self) -> None:
         """Drop the shared buffers (they are mapped again by the next stream)."""
         if self._host is not None:
             self._host.close()
-        self._host, self._decided_for, self.uses_shared_memory = None, 0, False
+        self._host, self._decided_for = None, 0
 
     def _exchange_shared(self, sends, recvs, out, dtype) -> tuple[int, int]:
         """Pieces go straight from the parameters into the pair's buffer and out into ``out``."""
-        sent = received = 0
+        sent = 0
         for dst, parts in sends.items():
             view = self._host.send_view(dst, sum(t.numel() for t in parts), dtype)
             offset = 0
@@ -224,14 +227,8 @@ class Resharder:
                 offset += t.numel()
             sent += offset * dtype.itemsize
         self._host.fence()  # every write of this round is done before anyone reads
-        for src, ps in recvs.items():
-            view = self._host.recv_view(src, sum(self.plan.numel(p) for p in ps), dtype)
-            offset = 0
-            for p in ps:
-                region = self._region(out[p.tensor], p)
-                region.copy_(view[offset:offset + region.numel()].view(region.shape))
-                offset += region.numel()
-            received += offset * dtype.itemsize
+        received = self._unpack({src: self._host.recv_view(src, sum(self.plan.numel(p) for p in ps), dtype)
+                                 for src, ps in recvs.items()}, recvs, out)
         self._host.fence()  # every read is done before the next round overwrites the buffers
         return sent, received
 
@@ -245,15 +242,19 @@ class Resharder:
         if ops:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
+        return sum(b.numel() for b in send_bufs.values()) * dtype.itemsize, self._unpack(recv_bufs, recvs, out)
+
+    def _unpack(self, flat: dict[int, torch.Tensor], recvs: dict[int, list[Piece]], out) -> int:
+        """Copy each source's contiguous message into its pieces' regions; returns bytes read."""
+        received = 0
         for src, ps in recvs.items():
             offset = 0
             for p in ps:
                 region = self._region(out[p.tensor], p)
-                region.copy_(recv_bufs[src][offset:offset + region.numel()].view(region.shape))
+                region.copy_(flat[src][offset:offset + region.numel()].view(region.shape))
                 offset += region.numel()
-        sent = sum(b.numel() for b in send_bufs.values()) * dtype.itemsize
-        received = sum(b.numel() for b in recv_bufs.values()) * dtype.itemsize
-        return sent, received
+            received += offset * flat[src].element_size()
+        return received
 
     def _source(self, local_params: Mapping[str, torch.Tensor], p: Piece) -> torch.Tensor:
         t = self.plan.tensors[p.tensor]
