@@ -18,7 +18,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = False
     # run each distinct prompt of a micro-batch once and share its KV cache among its samples
-    # (FSDP padded layout; exact): workers/engines/prefix_sharing.py
+    # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
 
 

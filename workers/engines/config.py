@@ -33,8 +33,9 @@ class EngineConfig:
     micro_batch_size_per_gpu: int = 4
     gradient_checkpointing: bool = False
     use_remove_padding: bool = False
-    # FSDP, padded layout: run each distinct prompt of a micro-batch once and share its key/value
-    # cache among the rows that repeat it (GRPO's n samples); see workers/engines/prefix_sharing.py
+    # Run each distinct prompt of a micro-batch once and share its keys/values among the rows that
+    # repeat it (GRPO's n samples). FSDP: padded layout only; Megatron: every layout.
+    # See workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
     # FSDP only: ranks one parameter is sharded over. -1: all data-parallel ranks (FSDP);
     # 1: none, every rank holds the full model (DDP); k: HSDP, shard within k, replicate across.

@@ -158,7 +158,8 @@ class FSDPEngine:
         shared = None
         if self._shares_prompts():
             shared = prefix_sharing.distinct_prompts(input_ids, attention_mask, position_ids, start, prompt_len)
-            share = prefix_sharing.saves_enough(shared[0], len(input_ids), start, prompt_len, end)
+            # the inputs are columns [start, end - 1): the last one is never fed (see above)
+            share = prefix_sharing.saves_enough(shared[0], len(input_ids), prompt_len - start, end - 1 - start)
             if self.shard_size > 1:
                 share = self._ranks_agree_to_share(share, two_calls=end - 1 > prompt_len)
             shared = shared if share else None

@@ -126,7 +126,7 @@ class MegatronEngine:
         if p <= 0 or end <= prompt_len:
             return None
         first_rows, inverse = prefix_sharing.distinct_prompts(input_ids, attention_mask, position_ids, 0, p)
-        if not prefix_sharing.saves_enough(first_rows, len(input_ids), 0, p, end - start + 1):
+        if not prefix_sharing.saves_enough(first_rows, len(input_ids), p, end - start):
             return None
         return SharedPrompts(first_rows, inverse, p)
 

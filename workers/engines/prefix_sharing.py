@@ -41,10 +41,11 @@ def distinct_prompts(input_ids: Tensor, attention_mask: Tensor, position_ids: Te
     return first_rows, inverse
 
 
-def saves_enough(first_rows: Tensor, rows: int, start: int, prompt_len: int, end: int) -> bool:
-    """Whether sharing skips at least ``MIN_SAVED_FRACTION`` of the ``[start, end - 1)`` span."""
-    saved = (rows - len(first_rows)) * (prompt_len - start)
-    return saved > 0 and saved >= MIN_SAVED_FRACTION * rows * (end - 1 - start)
+def saves_enough(first_rows: Tensor, rows: int, prompt_cols: int, input_cols: int) -> bool:
+    """Whether sharing skips at least ``MIN_SAVED_FRACTION`` of the ``rows x input_cols`` token
+    positions a micro-batch feeds the model (``prompt_cols`` of them are prompt columns)."""
+    saved = (rows - len(first_rows)) * prompt_cols
+    return saved > 0 and saved >= MIN_SAVED_FRACTION * rows * input_cols
 
 
 def shared_prefix_logits(module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
