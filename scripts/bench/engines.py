@@ -176,7 +176,9 @@ def _proc_status_bytes(key: str) -> int | None:
 def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cmd_q, res_q):
     try:
         torch.set_num_threads(threads)
-        if group in ENGINE_GROUPS:
+        if group.endswith(GLOO_SUFFIX):  # the same engine with every collective on gloo
+            os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = "0"
+        if group.startswith(("fsdp", "megatron")):
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                               WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
             hf_device.init_distributed(timeout_s=600)
@@ -193,7 +195,7 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
             half = args.rows // 2
             step = plain_step_fn(args, data[rank * half:(rank + 1) * half], device)
         else:
-            step = engine_step_fn(args, group, data)
+            step = engine_step_fn(args, group.removesuffix(GLOO_SUFFIX), data)
         for _ in range(args.warmup):
             step()
         hf_device.synchronize()
@@ -218,6 +220,9 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
 
 
 ENGINE_GROUPS = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2", "megatron_pp2")
+# --gloo-too: these engines again with HYBRIDFLOW_SHM_COLLECTIVES=0 (hybridflow/shm_group.py off)
+GLOO_SUFFIX = "_gloo"
+GLOO_TOO = ("fsdp_dp2_replicated", "megatron_tp2")  # pp2 on 2 ranks has no TP or DP group
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}
@@ -342,7 +347,7 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
                            "rows_per_process": args.rows if group == "plain_2threads" else args.rows // 2,
                            **mem(group)}
     engines = {}
-    for name in ENGINE_GROUPS:
+    for name in [m for m in MEASUREMENTS if m.startswith(("fsdp", "megatron"))]:
         tps = median_over_rounds(wall, name)
         over = {"vs_plain_2threads": overhead(name, "plain_2threads"),
                 "per_rank_vs_plain_1thread_half_solo": overhead(name, "plain_1thread_half_solo", True),
@@ -393,7 +398,13 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one measurement")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for all groups to start")
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--gloo-too", action="store_true",
+                   help=f"also run {', '.join(GLOO_TOO)} with every collective on gloo (shared memory off)")
     args = p.parse_args(argv)
+    if args.gloo_too:
+        for g in GLOO_TOO:
+            GROUPS[g + GLOO_SUFFIX] = GROUPS[g]
+            MEASUREMENTS[g + GLOO_SUFFIX] = (g + GLOO_SUFFIX, MEASUREMENTS[g][1])
     if args.rows % 2 or args.rows % args.pp_micro_batches:
         p.error(f"--rows={args.rows} must be even and divisible by --pp-micro-batches={args.pp_micro_batches}")
     return args

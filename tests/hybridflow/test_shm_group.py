@@ -1,0 +1,82 @@
+"""Shared-memory process groups give the same results as gloo, for every collective the engines
+use on them, and leave nothing in /dev/shm."""
+from __future__ import annotations
+
+import glob
+
+import pytest
+
+from tests.distributed import run_distributed
+
+
+def _collectives(rank, world, switch):
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from hybridflow import shm_group
+
+    if switch is not None:
+        os.environ[shm_group.ENV_SWITCH] = switch
+    group = shm_group.new_group(range(world))
+    left = sorted(glob.glob("/dev/shm/hfshm-*"))
+    gen = torch.Generator().manual_seed(rank)
+    out = {"shared": shm_group.uses_shared_memory(group), "group_rank": dist.get_rank(group),
+           "files_left": left}
+    for dtype in (torch.float32, torch.bfloat16):
+        # larger than vLLM's per-thread buffer, so the kernel works in several chunks
+        x = torch.randn(3_000_001, generator=gen).to(dtype)
+        ref = x.clone()
+        dist.all_reduce(x, group=group)
+        dist.all_reduce(ref)  # the world group: gloo
+        out[f"sum_{dtype}"] = (x.float() - ref.float()).abs().max().item()
+    m = torch.tensor([float(rank), -float(rank)])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)  # not a SUM: gloo
+    out["max"] = m.tolist()
+    ints = torch.tensor([rank + 1])
+    dist.all_reduce(ints, group=group)  # not a float: gloo
+    out["int_sum"] = ints.item()
+    strided = torch.arange(6.0).view(2, 3).t() * (rank + 1)  # not contiguous: gloo
+    dist.all_reduce(strided, group=group)
+    out["strided"] = strided.tolist()
+    work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+    work.wait()
+    flat = torch.zeros(2 * world)
+    dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)), group=group)
+    out["all_gather"] = flat.tolist()
+    b = torch.full((3,), float(rank))
+    dist.broadcast(b, src=world - 1, group=group)
+    out["broadcast"] = b.tolist()
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank}, group=group)
+    out["objects"] = objects
+    dist.barrier(group=group)
+    # the same group through megatron-core's tensor-parallel region, forward and backward
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    leaf = torch.ones(3, requires_grad=True)
+    reduced = reduce_from_tensor_model_parallel_region(leaf * (rank + 1), group=group)
+    reduced.sum().backward()
+    out["mapping"] = reduced.tolist(), leaf.grad.tolist()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [None, "0"], ids=["shared_memory", "switched_off"])
+def test_shared_memory_group_matches_gloo(switch):
+    results = run_distributed(_collectives, 2, switch)
+    for rank, r in enumerate(results):
+        assert r["shared"] is (switch is None)
+        assert r["group_rank"] == rank
+        assert r["files_left"] == []  # names dropped once every rank mapped them
+        assert r["sum_torch.float32"] < 1e-5
+        assert r["sum_torch.bfloat16"] < 0.07  # bf16 rounding of different summation orders
+        assert r["max"] == [1.0, 0.0]
+        assert r["int_sum"] == 3
+        assert r["strided"] == [[0.0, 9.0], [3.0, 12.0], [6.0, 15.0]]
+        assert r["all_gather"] == [0.0, 0.0, 1.0, 1.0]
+        assert r["broadcast"] == [1.0, 1.0, 1.0]
+        assert r["objects"] == [{"rank": 0}, {"rank": 1}]
+        assert r["mapping"] == ([3.0, 3.0, 3.0], [float(rank + 1)] * 3)
+    assert not glob.glob("/dev/shm/hfshm-*")
