@@ -20,7 +20,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+# FSDP2's custom-collective interfaces (set_custom_all_gather / set_custom_reduce_scatter) are
+# public methods whose argument types live in this private module
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from hybridflow import device as hf_device
@@ -71,7 +75,51 @@ def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype:
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    if shard_size == dp_size:
+        _communicate_through_shared_memory([*layers, model], dp_size)
     return None
+
+
+class _SharedMemoryAllGather(AllGather):
+    """FSDP2's parameter all-gather on a shared-memory group with the mesh's ranks (the group
+    FSDP passes in is the mesh's gloo group; it is ignored)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=self.group, async_op=async_op)
+
+
+class _SharedMemoryReduceScatter(ReduceScatter):
+    """FSDP2's gradient reduce-scatter on the same shared-memory group."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=self.group,
+                                          async_op=async_op)
+
+
+def _communicate_through_shared_memory(units, dp_size: int) -> None:
+    """On one CPU host, run FSDP2's all-gathers and reduce-scatters through shared memory
+    (hybridflow/shm_group.py) via FSDP2's custom-collective hooks. The mesh itself stays on gloo:
+    DTensor's functional collectives (``full_tensor()``) dispatch in C++, which a Python-defined
+    group does not reliably serve."""
+    group = shm_group.new_group(range(dp_size))
+    if not shm_group.uses_shared_memory(group):
+        return
+    gather, scatter = _SharedMemoryAllGather(group), _SharedMemoryReduceScatter(group)
+    for unit in units:
+        unit.set_custom_all_gather(gather)
+        unit.set_custom_reduce_scatter(scatter)
 
 
 def compute_context(shard_size: int, param_dtype: str):
