@@ -10,7 +10,10 @@ import os
 
 # On CPUs that advertise AMX, oneDNN picks AMX bf16 kernels that die with SIGILL on this machine
 # kind; capping the ISA at AVX512-BF16 keeps bf16 matmuls working (measured: any bf16 nn.Linear
-# crashed without it). Must be set before oneDNN creates its first primitive, hence at import.
+# crashed without it). Why: the VM reports CPUID leaves only up to 0x1C, so oneDNN reads an empty
+# tile palette (leaf 0x1D) and never configures the tiles; its first TILEZERO faults. AMX itself
+# works here (a hand-configured tile multiply ran). Must be set before oneDNN creates its first
+# primitive, hence at import.
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
 import torch  # noqa: E402

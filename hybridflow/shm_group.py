@@ -8,17 +8,21 @@ parallelism runs on (``torch.ops._C.shm_allreduce``): 2 ms and 28 ms for the sam
 for a scalar.
 
 :func:`new_group` returns a torch.distributed process group (registered backend ``"hfshm"``)
-that runs these on vLLM's kernels when the tensors are contiguous fp32/bf16/fp16 CPU tensors:
-SUM all-reduce, all-gather into one tensor, and SUM/AVG reduce-scatter of one tensor (as an
-all-reduce of a copy). Every other collective goes to an ordinary gloo group on the same ranks.
-Callers keep using ``dist.all_reduce(t, group=g)``: megatron-core's tensor-parallel layers, DDP
-and our own code need no change. Where shared memory cannot serve the group (ranks on several
-hosts, no /dev/shm, a GPU run, vLLM's CPU kernels missing, ``HYBRIDFLOW_SHM_COLLECTIVES=0``) it
-returns a plain group of the default backend.
+whose SUM all-reduces of contiguous fp32/bf16/fp16 CPU tensors run on those kernels; every
+other collective goes to an ordinary gloo group on the same ranks. Callers keep calling
+``dist.all_reduce(t, group=g)``, so megatron-core's tensor-parallel layers need no change
+(workers/engines/megatron.py swaps its TP groups for these). Where shared memory cannot serve
+the group (ranks on several hosts, no /dev/shm, a GPU run, vLLM's CPU kernels missing,
+``HYBRIDFLOW_SHM_COLLECTIVES=0``) it returns a plain group of the default backend.
 
-Not for DeviceMesh/DTensor (FSDP2's sharded layout): their functional collectives dispatch in
-C++, where a Python-defined group's methods are not reliably reached; an FSDP2 mesh built on
-such a group deadlocked in ``full_tensor()``. FSDP2 meshes stay on gloo.
+Where it pays and where it does not (e2e medium, measured): many small all-reduces on the
+critical path (tensor parallelism) gain, since gloo's cost there is latency. One large
+all-reduce after backward (data-parallel gradients, DDP buckets) loses: the kernel spins while it
+waits for the slower rank, and on a small machine that spin takes the core from the peer and from
+Ray's daemons, where gloo sleeps; see workers/engines/fsdp_layout.py and megatron.py. Not for
+DeviceMesh/DTensor either: their functional collectives dispatch in C++, where a Python-defined
+group's methods are not reliably reached (an FSDP2 mesh built on one deadlocked in
+``full_tensor()``).
 
 What differs from gloo: the shared-memory all-reduce has no timeout of its own. A rank whose peer
 died waits until its process is killed; the controller fails the step as soon as any rank dies
@@ -93,13 +97,14 @@ class SharedMemoryGroup(dist.ProcessGroup):
             os.unlink(f"/dev/shm/{name}_{rank}")
         except OSError:
             pass
+        self._gloo.barrier(BarrierOptions()).wait()  # so no name is left once new_group returns
         self._handle = handle
 
     @property
     def uses_shared_memory(self) -> bool:
         return self._handle is not None
 
-    # ------------------------------------------------------------------ the fast paths
+    # ------------------------------------------------------------------ the fast path
     def _shared(self, *tensors) -> bool:
         return self._handle is not None and all(
             t.device.type == "cpu" and t.dtype in _DTYPES and t.is_contiguous() for t in tensors)
@@ -111,34 +116,15 @@ class SharedMemoryGroup(dist.ProcessGroup):
             return _completed(tensors)
         return self._gloo.allreduce(tensors, opts)
 
-    def all_gather_single(self, output, inp, opts=AllgatherOptions()):
-        """``dist.all_gather_into_tensor``."""
-        if self._shared(output, inp) and output.numel() == inp.numel() * self.size():
-            torch.ops._C.shm_all_gather(self._handle, inp, output)
-            return _completed([output])
-        return self._gloo._allgather_base(output, inp, opts)
-
-    def reduce_scatter_single(self, output, inp, opts=ReduceScatterOptions()):
-        """``dist.reduce_scatter_tensor`` as a shared-memory all-reduce of a copy (twice the bytes
-        of a true reduce-scatter, still faster than gloo's), of which each rank keeps its chunk."""
-        avg = opts.reduceOp == ReduceOp.AVG
-        if ((avg or opts.reduceOp == ReduceOp.SUM) and self._shared(output, inp)
-                and inp.numel() == output.numel() * self.size()):
-            total = inp.clone()
-            torch.ops._C.shm_allreduce(self._handle, total)
-            mine = total.view(-1).narrow(0, self.rank() * output.numel(), output.numel())
-            output.copy_(mine.view_as(output))
-            if avg:
-                output.div_(self.size())
-            return _completed([output])
-        return self._gloo._reduce_scatter_base(output, inp, opts)
-
     # ------------------------------------------------------------------ everything else: gloo
     def allreduce_coalesced(self, tensors, opts=AllreduceCoalescedOptions()):
         return self._gloo.allreduce_coalesced(tensors, opts)
 
     def allgather(self, outputs, inputs, opts=AllgatherOptions()):
         return self._gloo.allgather(outputs, inputs, opts)
+
+    def all_gather_single(self, output, inp, opts=AllgatherOptions()):
+        return self._gloo._allgather_base(output, inp, opts)
 
     def allgather_coalesced(self, outputs, inputs, opts=AllgatherOptions()):
         return self._gloo.allgather_coalesced(outputs, inputs, opts)
@@ -154,6 +140,9 @@ class SharedMemoryGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, inputs, opts=ReduceScatterOptions()):
         return self._gloo.reduce_scatter(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output, inp, opts=ReduceScatterOptions()):
+        return self._gloo._reduce_scatter_base(output, inp, opts)
 
     def gather(self, outputs, inputs, opts):
         return self._gloo.gather(outputs, inputs, opts)

@@ -12,6 +12,7 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=bf16
     .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
     .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
+    .venv/bin/python scripts/bench/e2e.py --gloo-too ...           # also with training collectives on gloo
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, and ``ratio_to_trl`` is our median step time
@@ -115,7 +116,8 @@ def summarise(records: list[dict], warmup: int, prompts: int, samples: int) -> d
     }
 
 
-def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (), tag: str = "") -> dict:
+def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (), tag: str = "",
+             env: dict | None = None) -> dict:
     run_dir = os.path.join(args.work_dir, "runs", f"{size}-{mode}{tag}")
     metrics_file = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_file):
@@ -123,7 +125,8 @@ def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (
     cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
            *recipe_overrides(args, paths[size], paths["data"], run_dir, MODES[mode]), *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
+                          env={**os.environ, **(env or {})})
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not os.path.exists(metrics_file):
         tail = (proc.stderr or proc.stdout)[-3000:]
@@ -176,6 +179,9 @@ def parse_args(argv):
     p.add_argument("--no-share-too", action="store_true",
                    help="also run with model.share_prompt_prefix=false (each sample forwards its own prompt), "
                         "combined with the --no-skip-too setting where both are given")
+    p.add_argument("--gloo-too", action="store_true",
+                   help="also run ours with HYBRIDFLOW_SHM_COLLECTIVES=0 (training collectives on gloo, "
+                        "hybridflow/shm_group.py off), otherwise as the main run")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -216,6 +222,9 @@ def main(argv=None) -> int:
                 if args.no_skip_too and not MODES[mode]:  # the equal-work pair: every row computed
                     no_share += ("actor_rollout_ref.actor.skip_zero_advantage=false",)
                 entry["hybridflow_no_share"] = run_ours(args, paths, size, mode, no_share, "-noshare")
+            if args.gloo_too:  # the "hybridflow" run again, its collectives on gloo
+                entry["hybridflow_gloo"] = run_ours(args, paths, size, mode, (), "-gloo",
+                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "0"})
             if args.trl_python:
                 entry["trl"] = run_trl(args, paths, size, mode)
                 entry["trl_source"] = "measured in this invocation"
@@ -229,6 +238,9 @@ def main(argv=None) -> int:
                 no_skip = entry.get("hybridflow_no_skip", {}).get("step_s")
                 if no_skip:
                     entry["ratio_to_trl_no_skip"] = round(no_skip / trl, 3)
+                gloo = entry.get("hybridflow_gloo", {}).get("step_s")
+                if gloo:
+                    entry["ratio_to_trl_gloo"] = round(gloo / trl, 3)
                 no_share = entry.get("hybridflow_no_share", {}).get("step_s")
                 if no_share:
                     entry["ratio_to_trl_no_share"] = round(no_share / trl, 3)

@@ -222,7 +222,7 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
 ENGINE_GROUPS = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2", "megatron_pp2")
 # --gloo-too: these engines again with HYBRIDFLOW_SHM_COLLECTIVES=0 (hybridflow/shm_group.py off)
 GLOO_SUFFIX = "_gloo"
-GLOO_TOO = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2")  # pp2 on 2 ranks has no TP or DP group
+GLOO_TOO = ("megatron_tp2",)  # the only engine whose collectives use hybridflow/shm_group.py
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}

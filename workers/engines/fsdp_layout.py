@@ -20,15 +20,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-# FSDP2's custom-collective interfaces (set_custom_all_gather / set_custom_reduce_scatter) are
-# public methods whose argument types live in this private module
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from hybridflow import device as hf_device
-from hybridflow import shm_group
 
 
 def resolve_shard_size(fsdp_size: int, dp_size: int) -> int:
@@ -49,12 +44,13 @@ def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype:
         if not trainable:
             return None
         # gradients live in the all-reduce buckets (no copy in or out); buffers (RoPE tables) are
-        # equal on every rank, so nothing is re-broadcast before each forward. On one CPU host the
-        # buckets are all-reduced through shared memory (hybridflow/shm_group.py): 100 MB of
-        # gradients took 190 ms over gloo, 28 ms this way.
+        # equal on every rank, so nothing is re-broadcast before each forward. Gradients stay on
+        # gloo, not hybridflow/shm_group.py: gloo overlaps them with backward on a sleeping
+        # thread, the shared-memory kernel spins while it waits for the slower rank (e2e medium:
+        # update 3.71 s with it, 2.43 s on gloo; sharded FSDP's gathers and reduce-scatters
+        # through it were no faster, 3.67 vs 3.64 s).
         return torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
-                                                         gradient_as_bucket_view=True,
-                                                         process_group=shm_group.new_group(range(dp_size)))
+                                                         gradient_as_bucket_view=True)
     if shard_size == dp_size:
         mesh = init_device_mesh(hf_device.device_type(), (dp_size,), mesh_dim_names=("dp",))
     else:  # HSDP: dim 0 replicates, dim 1 shards (FSDP2 reads a 2D mesh this way)
@@ -75,51 +71,7 @@ def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype:
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    if shard_size == dp_size:
-        _communicate_through_shared_memory([*layers, model], dp_size)
     return None
-
-
-class _SharedMemoryAllGather(AllGather):
-    """FSDP2's parameter all-gather on a shared-memory group with the mesh's ranks (the group
-    FSDP passes in is the mesh's gloo group; it is ignored)."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=self.group, async_op=async_op)
-
-
-class _SharedMemoryReduceScatter(ReduceScatter):
-    """FSDP2's gradient reduce-scatter on the same shared-memory group."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=self.group,
-                                          async_op=async_op)
-
-
-def _communicate_through_shared_memory(units, dp_size: int) -> None:
-    """On one CPU host, run FSDP2's all-gathers and reduce-scatters through shared memory
-    (hybridflow/shm_group.py) via FSDP2's custom-collective hooks. The mesh itself stays on gloo:
-    DTensor's functional collectives (``full_tensor()``) dispatch in C++, which a Python-defined
-    group does not reliably serve."""
-    group = shm_group.new_group(range(dp_size))
-    if not shm_group.uses_shared_memory(group):
-        return
-    gather, scatter = _SharedMemoryAllGather(group), _SharedMemoryReduceScatter(group)
-    for unit in units:
-        unit.set_custom_all_gather(gather)
-        unit.set_custom_reduce_scatter(scatter)
 
 
 def compute_context(shard_size: int, param_dtype: str):

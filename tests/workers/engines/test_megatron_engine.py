@@ -104,6 +104,7 @@ def _scenario(rank, world, ckpt, workdir):
         res = out[name] = {}
         engine = MegatronEngine(_config(tp, pp), ckpt, "actor")
         res["coords"] = (engine.dp_rank, engine.dp_size, engine.is_collect)
+        res["tp_group"] = type(ps.get_tensor_model_parallel_group()).__name__
         mine, mine2 = _share(first, engine), _share(second, engine)
         res["log_probs"], res["entropy"] = engine.compute_log_prob(mine, TEMP, calculate_entropy=True)
         res["step1"] = engine.train_batch(mine, _entropy_pg_loss)
@@ -203,6 +204,9 @@ def test_layout_coordinates_and_errors(run):
     assert [r["tp2dp2"]["coords"] for r in results] == [(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]
     assert [r["pp2dp2"]["coords"][:2] for r in results] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     assert "saved with tp=2, pp=2 but this engine runs tp=2, pp=1" in results[0]["tp2dp2"]["layout_error"]
+    # on one CPU host the TP all-reduces go through shared memory (hybridflow/shm_group.py)
+    for name, (tp, _) in LAYOUTS.items():
+        assert {r[name]["tp_group"] for r in results} == ({"SharedMemoryGroup"} if tp > 1 else {"ProcessGroup"})
 
 
 @pytest.mark.slow
