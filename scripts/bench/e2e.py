@@ -12,7 +12,7 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=bf16
     .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
     .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
-    .venv/bin/python scripts/bench/e2e.py --gloo-too ...           # also with training collectives on gloo
+    .venv/bin/python scripts/bench/e2e.py --shm-too ...            # also with HYBRIDFLOW_SHM_COLLECTIVES=1
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, and ``ratio_to_trl`` is our median step time
@@ -179,9 +179,9 @@ def parse_args(argv):
     p.add_argument("--no-share-too", action="store_true",
                    help="also run with model.share_prompt_prefix=false (each sample forwards its own prompt), "
                         "combined with the --no-skip-too setting where both are given")
-    p.add_argument("--gloo-too", action="store_true",
-                   help="also run ours with HYBRIDFLOW_SHM_COLLECTIVES=0 (training collectives on gloo, "
-                        "hybridflow/shm_group.py off), otherwise as the main run")
+    p.add_argument("--shm-too", action="store_true",
+                   help="also run ours with HYBRIDFLOW_SHM_COLLECTIVES=1 (Megatron TP all-reduces through "
+                        "shared memory, hybridflow/shm_group.py), otherwise as the main run")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -222,9 +222,9 @@ def main(argv=None) -> int:
                 if args.no_skip_too and not MODES[mode]:  # the equal-work pair: every row computed
                     no_share += ("actor_rollout_ref.actor.skip_zero_advantage=false",)
                 entry["hybridflow_no_share"] = run_ours(args, paths, size, mode, no_share, "-noshare")
-            if args.gloo_too:  # the "hybridflow" run again, its collectives on gloo
-                entry["hybridflow_gloo"] = run_ours(args, paths, size, mode, (), "-gloo",
-                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "0"})
+            if args.shm_too:  # the "hybridflow" run again, shared-memory TP all-reduces on
+                entry["hybridflow_shm"] = run_ours(args, paths, size, mode, (), "-shm",
+                                                   {"HYBRIDFLOW_SHM_COLLECTIVES": "1"})
             if args.trl_python:
                 entry["trl"] = run_trl(args, paths, size, mode)
                 entry["trl_source"] = "measured in this invocation"
@@ -238,9 +238,9 @@ def main(argv=None) -> int:
                 no_skip = entry.get("hybridflow_no_skip", {}).get("step_s")
                 if no_skip:
                     entry["ratio_to_trl_no_skip"] = round(no_skip / trl, 3)
-                gloo = entry.get("hybridflow_gloo", {}).get("step_s")
-                if gloo:
-                    entry["ratio_to_trl_gloo"] = round(gloo / trl, 3)
+                shm = entry.get("hybridflow_shm", {}).get("step_s")
+                if shm:
+                    entry["ratio_to_trl_shm"] = round(shm / trl, 3)
                 no_share = entry.get("hybridflow_no_share", {}).get("step_s")
                 if no_share:
                     entry["ratio_to_trl_no_share"] = round(no_share / trl, 3)

@@ -176,8 +176,8 @@ def _proc_status_bytes(key: str) -> int | None:
 def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cmd_q, res_q):
     try:
         torch.set_num_threads(threads)
-        if group.endswith(GLOO_SUFFIX):  # the same engine with every collective on gloo
-            os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = "0"
+        if group.endswith(SHM_SUFFIX):  # the same engine with hybridflow/shm_group.py on
+            os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = "1"
         if group.startswith(("fsdp", "megatron")):
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                               WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
@@ -195,7 +195,7 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
             half = args.rows // 2
             step = plain_step_fn(args, data[rank * half:(rank + 1) * half], device)
         else:
-            step = engine_step_fn(args, group.removesuffix(GLOO_SUFFIX), data)
+            step = engine_step_fn(args, group.removesuffix(SHM_SUFFIX), data)
         for _ in range(args.warmup):
             step()
         hf_device.synchronize()
@@ -220,9 +220,9 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
 
 
 ENGINE_GROUPS = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2", "megatron_pp2")
-# --gloo-too: these engines again with HYBRIDFLOW_SHM_COLLECTIVES=0 (hybridflow/shm_group.py off)
-GLOO_SUFFIX = "_gloo"
-GLOO_TOO = ("megatron_tp2",)  # the only engine whose collectives use hybridflow/shm_group.py
+# --shm-too: these engines again with HYBRIDFLOW_SHM_COLLECTIVES=1 (hybridflow/shm_group.py on)
+SHM_SUFFIX = "_shm"
+SHM_TOO = ("megatron_tp2",)  # the only engine whose collectives can use hybridflow/shm_group.py
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}
@@ -398,13 +398,13 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one measurement")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for all groups to start")
     p.add_argument("--out", default=None, help="also write the JSON here")
-    p.add_argument("--gloo-too", action="store_true",
-                   help=f"also run {', '.join(GLOO_TOO)} with every collective on gloo (shared memory off)")
+    p.add_argument("--shm-too", action="store_true",
+                   help=f"also run {', '.join(SHM_TOO)} with HYBRIDFLOW_SHM_COLLECTIVES=1")
     args = p.parse_args(argv)
-    if args.gloo_too:
-        for g in GLOO_TOO:
-            GROUPS[g + GLOO_SUFFIX] = GROUPS[g]
-            MEASUREMENTS[g + GLOO_SUFFIX] = (g + GLOO_SUFFIX, MEASUREMENTS[g][1])
+    if args.shm_too:
+        for g in SHM_TOO:
+            GROUPS[g + SHM_SUFFIX] = GROUPS[g]
+            MEASUREMENTS[g + SHM_SUFFIX] = (g + SHM_SUFFIX, MEASUREMENTS[g][1])
     if args.rows % 2 or args.rows % args.pp_micro_batches:
         p.error(f"--rows={args.rows} must be even and divisible by --pp-micro-batches={args.pp_micro_batches}")
     return args

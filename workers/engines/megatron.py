@@ -62,15 +62,14 @@ def init_model_parallel(tp: int, pp: int) -> None:
 
 
 def _all_reduce_through_shared_memory() -> None:
-    """On one CPU host, swap megatron's tensor-parallel groups for groups on the same ranks whose
-    all-reduces go through shared memory (hybridflow/shm_group.py). TP all-reduces sit on the
-    critical path of every layer, forward and backward, and gloo pays ~1-2 ms of latency on each
-    (6 MB: 9.6 ms over gloo, 2 ms this way); e2e medium at tp=2 the update took 3.47 s against
-    3.82 s. Data-parallel gradients stay on gloo: that one large all-reduce waits for the slower
-    rank, and the shared-memory kernel spins while it waits, taking the core from Ray's daemons
-    and the peer (e2e medium at dp=2: 3.76 s with it, 3.30 s without). megatron-core builds its
-    groups with the default backend and takes no other, so the swap happens here, before any
-    layer captures a group."""
+    """Asked for with ``HYBRIDFLOW_SHM_COLLECTIVES=1`` on one CPU host: swap megatron's
+    tensor-parallel groups for groups on the same ranks whose all-reduces go through shared memory
+    (hybridflow/shm_group.py). TP all-reduces sit on the critical path of every layer, forward and
+    backward, where gloo pays ~1-2 ms of latency each (6 MB: 9.6 ms over gloo, 2 ms this way).
+    Only TP: the data-parallel gradient all-reduce waits for the slower rank, and the kernel spins
+    while it waits (e2e medium at dp=2: update 3.76 s with it, 3.30 s on gloo). megatron-core
+    builds its groups with the default backend and takes no other, so the swap happens here,
+    before any layer captures a group."""
     if not shm_group.enabled() or ps.get_tensor_model_parallel_world_size() < 2:
         return
     mine = dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())

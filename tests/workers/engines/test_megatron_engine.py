@@ -92,6 +92,10 @@ def _prompt_sharing(ckpt, tp, pp, rank):
 def _scenario(rank, world, ckpt, workdir):
     from megatron.core import parallel_state as ps
 
+    # every TP layout below runs its all-reduces on the opt-in shared-memory groups, so the
+    # numerics checks cover that path too (the default, gloo, is what every other test runs)
+    os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = "1"
+
     from workers.engines.megatron import MegatronEngine, init_model_parallel
 
     out: dict = {}
@@ -204,7 +208,7 @@ def test_layout_coordinates_and_errors(run):
     assert [r["tp2dp2"]["coords"] for r in results] == [(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]
     assert [r["pp2dp2"]["coords"][:2] for r in results] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     assert "saved with tp=2, pp=2 but this engine runs tp=2, pp=1" in results[0]["tp2dp2"]["layout_error"]
-    # on one CPU host the TP all-reduces go through shared memory (hybridflow/shm_group.py)
+    # asked for (HYBRIDFLOW_SHM_COLLECTIVES=1), TP all-reduces go through shared memory
     for name, (tp, _) in LAYOUTS.items():
         assert {r[name]["tp_group"] for r in results} == ({"SharedMemoryGroup"} if tp > 1 else {"ProcessGroup"})
 
