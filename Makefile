@@ -22,7 +22,7 @@ run: install
 	$(BIN)/python -m recipes.demo
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 bench: install
 	@for f in scripts/bench/*.py; do echo "== $$f"; $(BIN)/python $$f; done

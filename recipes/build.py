@@ -64,7 +64,10 @@ def worker_env(cfg) -> dict[str, str]:
            "HYBRIDFLOW_CALL_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
            "HYBRIDFLOW_DIST_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
            "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(r.kv_cache_gib))),
-           "HYBRIDFLOW_DEVICE": os.environ.get("HYBRIDFLOW_DEVICE", "")}
+           "HYBRIDFLOW_DEVICE": os.environ.get("HYBRIDFLOW_DEVICE", ""),
+           # opt-in shared-memory TP all-reduces (hybridflow/shm_group.py); forwarded because
+           # workers on a cluster do not inherit the driver's environment
+           "HYBRIDFLOW_SHM_COLLECTIVES": os.environ.get("HYBRIDFLOW_SHM_COLLECTIVES", "")}
     if cfg.trainer.device in ("cpu", "cuda"):
         env["HYBRIDFLOW_DEVICE"] = cfg.trainer.device
     return {k: v for k, v in env.items() if v}

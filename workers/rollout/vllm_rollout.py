@@ -24,6 +24,7 @@ and weights stay resident; size ``kv_cache_gib`` so that it and the training sta
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable
 
@@ -70,6 +71,21 @@ def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
         return f"{world_id}-{communicator.unique_name}-[{ranks}]-cpushm"
 
     cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops the two warnings vLLM's in-place reload logs on every weight sync for layers that
+    have nothing to load: RotaryEmbedding (no weights) and, for tied models, the LM head (it
+    shares the embedding; :func:`_retie_lm_head` refreshes it). Any other layer's warning,
+    i.e. a weight the sync really missed, still shows."""
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.expected = {"RotaryEmbedding", "ParallelLMHead"} if tied else {"RotaryEmbedding"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and record.args[0] in self.expected)
 
 
 def _retie_lm_head(worker) -> int:
@@ -128,6 +144,9 @@ class VLLMRollout:
             gen_config = None
         self.pad_token_id, self.eos_token_ids = special_token_ids(hf_config, gen_config)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, _ExpectedReloadWarnings) for f in reload_log.filters):
+            reload_log.addFilter(_ExpectedReloadWarnings(self.tied))
         self._on_gpu = device_type() == "cuda"
 
         global _ENGINES_IN_PROCESS

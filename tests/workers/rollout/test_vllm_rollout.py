@@ -160,3 +160,17 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
     torch.testing.assert_close(sample_new.batch["rollout_log_probs"],
                                reference_log_probs(hf_new, sample_new), atol=1e-4, rtol=0)
     assert not torch.equal(greedy_new.batch["responses"], greedy.batch["responses"])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_weight_sync_hides_only_the_expected_reload_warnings(tied):
+    import logging
+
+    from workers.rollout.vllm_rollout import _ExpectedReloadWarnings
+
+    keep = _ExpectedReloadWarnings(tied).filter
+    warn = lambda layer: logging.LogRecord("vllm", logging.WARNING, "layerwise.py", 266,  # noqa: E731
+                                           "%s: Failed to load weights", (layer,), None)
+    assert not keep(warn("RotaryEmbedding"))  # has no weights
+    assert keep(warn("ParallelLMHead")) is not tied  # tied: shares the embedding, re-tied after
+    assert keep(warn("QKVParallelLinear"))  # a weight the sync missed still shows
