@@ -87,7 +87,7 @@ class SharedMemoryGroup(dist.ProcessGroup):
         # every member publishes its host; shared memory only if all are on this one
         store.set(f"host/{rank}", _host_id())
         hosts = {store.get(f"host/{r}").decode() for r in range(size)}
-        if len(hosts) != 1 or not _kernels_available() or not os.path.isdir("/dev/shm"):
+        if len(hosts) != 1 or not os.path.isdir("/dev/shm"):  # new_group checked the kernels
             return
         if rank == 0:
             store.set("shm_name", f"hfshm-{uuid.uuid4().hex[:12]}")
@@ -191,10 +191,6 @@ def _min_opts() -> AllreduceOptions:
     return opts
 
 
-def _create(store, rank, size, timeout):
-    return SharedMemoryGroup(store, rank, size, timeout)
-
-
 def enabled() -> bool:
     """Shared-memory groups are wanted: a CPU run, asked for (``HYBRIDFLOW_SHM_COLLECTIVES=1``),
     vLLM's kernels present."""
@@ -215,9 +211,5 @@ def new_group(ranks: Sequence[int]) -> dist.ProcessGroup:
     if len(ranks) < 2 or not enabled():
         return dist.new_group(ranks)
     if BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, SharedMemoryGroup, devices=["cpu"])
     return dist.new_group(ranks, backend=BACKEND)
-
-
-def uses_shared_memory(group) -> bool:
-    return isinstance(group, SharedMemoryGroup) and group.uses_shared_memory

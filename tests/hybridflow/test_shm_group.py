@@ -9,7 +9,7 @@ import pytest
 from tests.distributed import run_distributed
 
 
-def _collectives(rank, world, switch):
+def _collectives(rank, world):
     import os
 
     import torch
@@ -17,12 +17,12 @@ def _collectives(rank, world, switch):
 
     from hybridflow import shm_group
 
-    if switch is not None:
-        os.environ[shm_group.ENV_SWITCH] = switch
+    os.environ[shm_group.ENV_SWITCH] = "1"
     group = shm_group.new_group(range(world))
     left = sorted(glob.glob("/dev/shm/hfshm-*"))
     gen = torch.Generator().manual_seed(rank)
-    out = {"shared": shm_group.uses_shared_memory(group), "group_rank": dist.get_rank(group),
+    out = {"shared": isinstance(group, shm_group.SharedMemoryGroup) and group.uses_shared_memory,
+           "group_rank": dist.get_rank(group),
            "files_left": left}
     for dtype in (torch.float32, torch.bfloat16):
         # larger than vLLM's per-thread buffer, so the kernel works in several chunks
@@ -64,7 +64,7 @@ def _collectives(rank, world, switch):
 
 @pytest.mark.slow
 def test_shared_memory_group_matches_gloo():
-    results = run_distributed(_collectives, 2, "1")
+    results = run_distributed(_collectives, 2)
     for rank, r in enumerate(results):
         assert r["shared"] is True
         assert r["group_rank"] == rank

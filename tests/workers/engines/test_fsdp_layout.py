@@ -13,4 +13,3 @@ def test_shard_size_resolves(fsdp_size, dp, expected):
 def test_shard_size_that_does_not_divide_names_the_choices(fsdp_size, dp):
     with pytest.raises(ValueError, match=rf"fsdp_size={fsdp_size} must divide the {dp} data-parallel ranks: .*one of"):
         resolve_shard_size(fsdp_size, dp)
-
