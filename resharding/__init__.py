@@ -2,7 +2,8 @@
 
 ``layout`` (who is who), ``plan`` (what each rank needs and from whom; pure data),
 ``transfer`` (bucketed execution over torch.distributed), ``fsdp_stream`` (the same for FSDP),
-``host_exchange`` (shared buffers between CPU ranks of one host), ``switch`` (the train <-> generate
+``shared_params`` (parameters in shared memory: CPU ranks of one host read each other's; zero-copy),
+``host_exchange`` (bucket-sized shared buffers, its fallback), ``switch`` (the train <-> generate
 context). Imports neither ``workers`` nor the trainer: the Megatron parameter table comes in as data.
 """
 from resharding.layout import GenLayout, TrainLayout, check_layouts, micro_dp_groups, pipeline_groups

@@ -7,9 +7,11 @@ written; the rest of each full-size tensor is uninitialised memory vLLM never re
 The exchange inside a bucket is one point-to-point round, one message per (source, destination)
 pair: with the paper's strided generation groups this is exactly the micro-DP and pipeline
 all-gathers; with vLLM's consecutive groups it is the permutation those groups need, which no
-single all-gather expresses. On CPU, ranks of one host exchange through shared buffers
-(``host_exchange.py``: one copy in, one copy out); elsewhere the round is one
-``batch_isend_irecv`` over the group's backend (NCCL on GPUs).
+single all-gather expresses. On CPU, ranks of one host read each other's parameters directly
+(``shared_params.py``: the parameters live in shared memory; zero-copy), or, where /dev/shm lacks
+the room for that, exchange through bucket-sized shared buffers (``host_exchange.py``: one copy
+in, one copy out); elsewhere the round is one ``batch_isend_irecv`` over the group's backend
+(NCCL on GPUs).
 
 Every rank must consume a stream to the end (it runs collectives); ``drain`` finishes one.
 """
@@ -24,12 +26,14 @@ from typing import Iterable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from resharding.host_exchange import HostExchange
+from resharding.host_exchange import HostExchange, _all_ok
+from resharding.shared_params import SharedParameters
 from resharding.plan import Piece, ReshardPlan
 
 DEFAULT_BUCKET_BYTES = 256 << 20
-# "auto": shared memory between the ranks of one host on CPU (resharding/host_exchange.py), else
-# batched point-to-point through the process group's backend ("p2p": always the latter).
+# "auto": shared memory between the ranks of one host on CPU (shared_params.py, else
+# host_exchange.py), else batched point-to-point through the process group's backend ("p2p":
+# always the latter).
 TRANSPORTS = ("auto", "shm", "p2p")
 
 
@@ -82,24 +86,33 @@ class Resharder:
 
     ``bucket_bytes`` bounds the full-size HF tensors alive at once (a single tensor larger than
     it gets a bucket of its own). Plan ranks are ranks of ``group`` (default: the world).
+    ``zero_copy=False`` keeps the parameters where they are and uses bucket-sized shared buffers
+    on CPU (what happens anyway where /dev/shm cannot hold the parameters).
     """
 
     def __init__(self, plan: ReshardPlan, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None,
-                 transport: str = "auto"):
+                 transport: str = "auto", zero_copy: bool = True):
         check_transfer_settings(bucket_bytes, transport)
         self.plan, self.bucket_bytes, self.group, self.transport = plan, bucket_bytes, group, transport
+        self.zero_copy = zero_copy
         self.rank = dist.get_rank(group)
         if dist.get_world_size(group) != plan.train.world:
             raise ValueError(f"reshard plan is for {plan.train.world} ranks but the process group has "
                              f"{dist.get_world_size(group)}; build the plan from this group's layout")
         self.stats = TransferStats()
         self._host: HostExchange | None = None
+        self._shared: SharedParameters | None = None
         self._decided_for = 0  # the element size the transport was chosen (buffers sized) for
         self._bucket_moves: list[bool] = []
 
     @property
     def uses_shared_memory(self) -> bool:
-        return self._host is not None
+        return self._host is not None or self._shared is not None
+
+    @property
+    def reads_peer_parameters(self) -> bool:
+        """Zero-copy: receivers read the owners' live parameters (shared_params.py)."""
+        return self._shared is not None
 
     def _order(self) -> list[int]:
         """Tensor indices, the pipeline stages interleaved (stage 0's first, stage 1's first, ...).
@@ -150,7 +163,14 @@ class Resharder:
             if self.rank in (p.src, p.dst):
                 by_tensor[p.tensor].append(p)
         buckets = self._buckets(dtype.itemsize)
-        self._choose_transport(buckets, dtype, device)
+        self._choose_transport(buckets, dtype, device, local_params)
+        fence = time.perf_counter()
+        # Zero-copy: this all-reduce is also the fence after every owner's last parameter update.
+        if self._shared is not None and not _all_ok(self._shared.intact(local_params), self.group):
+            self.close()  # a parameter was re-pointed since it was shared (an offload): share again
+            self._choose_transport(buckets, dtype, device, local_params)
+        stats.seconds += time.perf_counter() - fence
+        shared = self._shared
         for b, bucket in enumerate(buckets):
             start = time.perf_counter()
             out = {ti: torch.empty(self.plan.tensors[ti].shape, dtype=dtype, device=device) for ti in bucket}
@@ -165,7 +185,9 @@ class Resharder:
                         sends[p.dst].append(self._source(local_params, p))
                     else:
                         recvs[p.src].append(p)
-            if self.uses_shared_memory:
+            if shared is not None:
+                sent, received = self._read_peers(sends, recvs, out, dtype)
+            elif self._host is not None:
                 sent = received = 0
                 if self._bucket_moves[b]:  # else no rank has a piece to move: skip the barriers
                     sent, received = self._exchange_shared(sends, recvs, out, dtype)
@@ -174,14 +196,21 @@ class Resharder:
             stats.bytes_sent += sent
             stats.bytes_received += received
             stats.buckets += 1
-            stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, sent + received +
+            buffers = 0 if shared is not None else sent + received  # zero-copy: no staging buffers
+            stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, buffers +
                                           sum(t.numel() for t in out.values()) * dtype.itemsize)
             stats.seconds += time.perf_counter() - start
             for ti in bucket:
                 yield self.plan.tensors[ti].hf_name, out.pop(ti)
+        if shared is not None:
+            start = time.perf_counter()
+            dist.barrier(group=self.group)  # every read is done before any owner steps again
+            stats.seconds += time.perf_counter() - start
 
-    def _choose_transport(self, buckets: list[list[int]], dtype: torch.dtype, device: torch.device) -> None:
-        """Map shared buffers the first time (collective), sized to this element size's buckets.
+    def _choose_transport(self, buckets: list[list[int]], dtype: torch.dtype, device: torch.device,
+                          local_params: Mapping[str, torch.Tensor]) -> None:
+        """Share the parameters (or map buffers sized to this element size's buckets) the first
+        time: a collective.
 
         Plans where nothing crosses ranks (tp_g = tp) map nothing: the p2p path then has no ops."""
         if self.transport == "p2p" or self._decided_for == dtype.itemsize:
@@ -204,6 +233,10 @@ class Resharder:
                     per_bucket[b][(p.src, p.dst)] += self.plan.numel(p) * dtype.itemsize
         if not any(self._bucket_moves):  # every rank's generation shard is local: nothing to map
             return
+        if self.zero_copy:
+            self._shared = SharedParameters.share(local_params, self.group)
+            if self._shared is not None:
+                return
         capacity: dict[tuple[int, int], int] = defaultdict(int)
         for in_bucket in per_bucket:
             for pair, n in in_bucket.items():
@@ -214,7 +247,9 @@ class Resharder:
         """Drop the shared buffers (they are mapped again by the next stream)."""
         if self._host is not None:
             self._host.close()
-        self._host, self._decided_for = None, 0
+        if self._shared is not None:
+            self._shared.close()
+        self._host, self._shared, self._decided_for = None, None, 0
 
     def _exchange_shared(self, sends, recvs, out, dtype) -> tuple[int, int]:
         """Pieces go straight from the parameters into the pair's buffer and out into ``out``."""
@@ -231,6 +266,17 @@ class Resharder:
                                  for src, ps in recvs.items()}, recvs, out)
         self._host.fence()  # every read is done before the next round overwrites the buffers
         return sent, received
+
+    def _read_peers(self, sends, recvs, out, dtype) -> tuple[int, int]:
+        """Zero-copy: each received piece is copied straight from its owner's live parameter."""
+        received = 0
+        for src, ps in recvs.items():
+            for p in ps:
+                region = self._region(out[p.tensor], p)
+                owner = self._shared.peer(src, self.plan.tensors[p.tensor].train_name)
+                region.copy_(owner if p.dim is None else owner.narrow(p.dim, p.src_start, p.stop - p.start))
+                received += region.numel()
+        return sum(t.numel() for parts in sends.values() for t in parts) * dtype.itemsize, received * dtype.itemsize
 
     def _exchange_p2p(self, sends, recvs, out, dtype, device) -> tuple[int, int]:
         """One batched isend/irecv round, one contiguous message per (source, destination)."""

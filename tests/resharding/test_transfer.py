@@ -1,6 +1,8 @@
 """Bucketed transfer on real gloo worlds: every rank's vLLM region equals the reference tensor."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -18,6 +20,8 @@ def _reshard_layouts(rank, world, layouts, bucket_bytes, transport):
     from resharding.transfer import Resharder
     from tests.resharding.megatron_table import full_table, megatron_shards, reference_weights, tiny_dims
 
+    zero_copy = transport != "shm-buffers"  # buffers: the fallback when /dev/shm cannot hold the parameters
+    transport = "shm" if transport == "shm-buffers" else transport
     results = []
     for pp, tp, dp, tp_g, order in layouts:
         dims = tiny_dims(heads=4, kv_heads=4, head_dim=2, hidden=8, intermediate=8, vocab=24)
@@ -25,19 +29,29 @@ def _reshard_layouts(rank, world, layouts, bucket_bytes, transport):
                           full_table(dims, 2, tp, pp, tied=(pp == 2)), dims)
         full = reference_weights(plan, seed=7)  # the same on every rank: the test's ground truth
         local = megatron_shards(plan, full, rank)
-        resharder = Resharder(plan, bucket_bytes=bucket_bytes, transport=transport)
-        seen, wrong = [], []
+        resharder = Resharder(plan, bucket_bytes=bucket_bytes, transport=transport, zero_copy=zero_copy)
         index = {t.hf_name: i for i, t in enumerate(plan.tensors)}
-        for name, tensor in resharder.stream(local):
-            dim, start, stop = plan.needed[(index[name], rank)]
-            got, ref = (tensor, full[name]) if dim is None else (
-                tensor.narrow(dim, start, stop - start), full[name].narrow(dim, start, stop - start))
-            if not torch.equal(got, ref):
-                wrong.append(name)
-            seen.append(name)
+        runs = []
+        for step in range(2):
+            if step:  # an optimizer step in place; rank 0 also re-points one tensor (as an offload would)
+                if rank == 0:
+                    first = next(iter(local.values()))
+                    first.data = first.data.clone()
+                for t in local.values():
+                    t.mul_(-2)
+                full = {n: t * -2 for n, t in full.items()}
+            seen, wrong = [], []
+            for name, tensor in resharder.stream(local):
+                dim, start, stop = plan.needed[(index[name], rank)]
+                got, ref = (tensor, full[name]) if dim is None else (
+                    tensor.narrow(dim, start, stop - start), full[name].narrow(dim, start, stop - start))
+                if not torch.equal(got, ref):
+                    wrong.append(name)
+                seen.append(name)
+            runs.append((wrong, sorted(seen) == sorted(full) and len(seen) == len(full)))
         expected = plan.elements(rank)
-        results.append(dict(layout=(pp, tp, dp, tp_g), wrong=wrong, complete=sorted(seen) == sorted(full) and len(seen) == len(full),
-                            shared=resharder.uses_shared_memory,
+        results.append(dict(layout=(pp, tp, dp, tp_g), runs=runs,
+                            shared=resharder.uses_shared_memory, zero_copy=resharder.reads_peer_parameters,
                             moves=any(p.src != p.dst for p in plan.pieces),
                             stats=vars(resharder.stats), expected_received=4 * expected["received"],
                             expected_sent=4 * expected["sent"], model_bytes=4 * plan.model_elements()))
@@ -71,20 +85,26 @@ def _fsdp_stream(rank, world, transport):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,layouts,transport", [(2, LAYOUTS_2, "shm"), (4, LAYOUTS_4, "shm"),
-                                                     (4, LAYOUTS_4, "p2p")])
+@pytest.mark.parametrize("world,layouts,transport", [(2, LAYOUTS_2, "shm"), (2, LAYOUTS_2, "shm-buffers"),
+                                                     (4, LAYOUTS_4, "shm"), (4, LAYOUTS_4, "p2p")])
 def test_bucketed_reshard_delivers_vllm_regions(world, layouts, transport):
-    """Both transports: shared buffers (what CPU ranks of one host use) and batched isend/irecv
-    (what GPUs and ranks of several hosts use) deliver the same regions and count the same bytes."""
+    """Every transport delivers the same regions and counts the same bytes: zero-copy reads of
+    the owners' parameters (CPU ranks of one host), bucket-sized shared buffers (its fallback),
+    batched isend/irecv (GPUs, several hosts). The second stream of each layout follows an
+    in-place update, with one tensor re-pointed on rank 0, and must see the new values."""
     per_rank = run_distributed(_reshard_layouts, world, layouts, 512, transport, timeout_s=540)
     for rank, results in enumerate(per_rank):
         for r in results:
-            assert r["shared"] == (transport == "shm" and r["moves"]), (rank, r)
-            assert r["wrong"] == [] and r["complete"], (rank, r)
+            assert r["shared"] == (transport != "p2p" and r["moves"]), (rank, r)
+            assert r["zero_copy"] == (transport == "shm" and r["moves"]), (rank, r)
+            for wrong, complete in r["runs"]:
+                assert wrong == [] and complete, (rank, r)
             assert r["stats"]["bytes_received"] == r["expected_received"], (rank, r)
             assert r["stats"]["bytes_sent"] == r["expected_sent"], (rank, r)
             assert r["stats"]["buckets"] > 1, "a 512-byte bucket cannot hold the model"
             assert r["stats"]["peak_bucket_bytes"] < r["model_bytes"]
+            if r["zero_copy"]:
+                assert not [f for f in os.listdir("/dev/shm") if f.startswith("hybridflow-params-")]
             pp, tp, dp, tp_g = r["layout"]
             if tp > 1 or pp > 1:
                 assert r["stats"]["bytes_received"] < r["model_bytes"]

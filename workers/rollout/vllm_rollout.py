@@ -16,6 +16,11 @@ What differs from plain ``LLM.generate``:
   log-probs, which ignores the temperature).
 - ``update_weights`` reloads HF-named full tensors in place and then re-ties a tied LM head (see
   :func:`_retie_lm_head`).
+- on CPU, generation runs under ``torch.compiler.set_stance("force_eager")``. vLLM's sampler
+  wraps two tiny helpers in ``torch.compile`` (the sampled token's rank for ``logprobs``, and the
+  random sample); on CPU their first call traces them and builds C++ kernels with the system
+  compiler: 4 s with a warm inductor cache, about 60 s on a fresh machine, in every worker
+  process, for kernels that run in microseconds eagerly. Tokens and log-probs are identical.
 
 Memory policy: on GPU ``release_memory`` puts the engine to sleep (level 1: weights offloaded to
 host, KV cache freed) and ``resume_memory`` wakes it. vLLM ignores sleep on CPU, so there both
@@ -24,6 +29,7 @@ and weights stay resident; size ``kv_cache_gib`` so that it and the training sta
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Iterable
@@ -193,8 +199,10 @@ class VLLMRollout:
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
         )
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params,
-                                    use_tqdm=False)
+        eager = contextlib.nullcontext() if self._on_gpu else torch.compiler.set_stance("force_eager")
+        with eager:
+            outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params,
+                                        use_tqdm=False)
         samples = []
         for out in outputs:
             per_prompt = []
