@@ -30,7 +30,8 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
         model_path=arr.model.path, roles=tuple(roles), actor=engine, ref=ref,
         rollout=RolloutConfig(**rollout_engine_kwargs(cfg)), objective=objective,
         ppo_mini_batch_size=a.ppo_mini_batch_size * n, ppo_epochs=a.ppo_epochs, shuffle=a.shuffle,
-        temperature=arr.rollout.temperature, seed=cfg.trainer.seed)
+        temperature=arr.rollout.temperature, seed=cfg.trainer.seed,
+        reshard_bucket_bytes=arr.rollout.update_weights_bucket_megabytes << 20)
 
 
 def role_specs(cfg, derived) -> tuple[dict, dict]:

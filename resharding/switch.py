@@ -67,8 +67,9 @@ def generate_mode(engine, rollout, weights: WeightSource, metrics: dict | None =
     ``weights()`` returns the stream to load, e.g. ``lambda: resharder.stream(local_params)``
     (Megatron) or ``lambda: fsdp_weights.stream(model.named_parameters())`` (FSDP);
     ``stats`` is the TransferStats that stream fills (``resharder.stats``, ``fsdp_weights.stats``).
-    Records ``timing_s/reshard`` (wake + stream + load) and ``reshard/bytes`` (bytes this rank
-    received over the network; ``reshard/bytes_sent`` too). The engine is offloaded only if it
+    Records ``timing_s/reshard`` (wake + stream + load), ``reshard/transfer_s`` (the part spent
+    moving weights between ranks, the rest being the rollout's own load) and ``reshard/bytes``
+    (bytes this rank received from other ranks; ``reshard/bytes_sent`` too). The engine is offloaded only if it
     has ``offload``/``onload`` and ``offload_engine`` is set.
     """
     metrics = {} if metrics is None else metrics
@@ -89,6 +90,7 @@ def generate_mode(engine, rollout, weights: WeightSource, metrics: dict | None =
         if stats is not None:
             metrics["reshard/bytes"] = stats.bytes_received
             metrics["reshard/bytes_sent"] = stats.bytes_sent
+            metrics["reshard/transfer_s"] = stats.seconds
         yield metrics
     finally:
         _call(rollout, "release_memory")

@@ -80,6 +80,8 @@ class RolloutConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     free_cache_engine: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
+    # weight sync: full-size HF tensors alive at once per worker (verl's key)
+    update_weights_bucket_megabytes: int = 64
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
 

@@ -75,6 +75,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, OPEN_UNIT),
         _row(f"{R}.kv_cache_gib", r.kv_cache_gib, GREATER_THAN_0),
         _row(f"{R}.max_num_seqs", r.max_num_seqs, POSITIVE),
+        _row(f"{R}.update_weights_bucket_megabytes", r.update_weights_bucket_megabytes, POSITIVE),
         _row(f"{R}.log_prob_micro_batch_size_per_gpu", r.log_prob_micro_batch_size_per_gpu, POSITIVE),
         _row(f"{R}.val_kwargs.n", v.n, POSITIVE),
         _row(f"{R}.val_kwargs.temperature", v.temperature, NON_NEGATIVE),

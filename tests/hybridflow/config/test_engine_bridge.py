@@ -44,3 +44,11 @@ def test_rollout_kwargs_build_the_rollout_config():
                        "actor_rollout_ref": {"rollout": {"n": 4, "temperature": 0.7, "top_k": 5}}})
     r = rollout_base.RolloutConfig(**rollout_engine_kwargs(cfg))
     assert (r.n, r.temperature, r.top_k, r.prompt_length, r.response_length) == (4, 0.7, 5, 24, 12)
+
+
+def test_weight_sync_bucket_reaches_the_actor_worker():
+    build = pytest.importorskip("recipes.build")
+    cfg = load_config({"actor_rollout_ref": {"rollout": {"update_weights_bucket_megabytes": 8}},
+                       "trainer": {"n_gpus_per_node": 2}})
+    settings = build.actor_settings(cfg, derive(cfg, dataset_len=64), ("actor", "rollout"))
+    assert settings.reshard_bucket_bytes == 8 << 20
