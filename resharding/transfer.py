@@ -199,13 +199,13 @@ class Resharder:
             buffers = 0 if shared is not None else sent + received  # zero-copy: no staging buffers
             stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, buffers +
                                           sum(t.numel() for t in out.values()) * dtype.itemsize)
+            if shared is not None and b == len(buckets) - 1:
+                # every read is done before any owner steps again; placed before the last yield so
+                # that it does not also wait for the peers' rollout to load the last bucket
+                dist.barrier(group=self.group)
             stats.seconds += time.perf_counter() - start
             for ti in bucket:
                 yield self.plan.tensors[ti].hf_name, out.pop(ti)
-        if shared is not None:
-            start = time.perf_counter()
-            dist.barrier(group=self.group)  # every read is done before any owner steps again
-            stats.seconds += time.perf_counter() - start
 
     def _choose_transport(self, buckets: list[list[int]], dtype: torch.dtype, device: torch.device,
                           local_params: Mapping[str, torch.Tensor]) -> None:

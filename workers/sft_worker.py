@@ -16,7 +16,7 @@ def nll_loss_fn(outputs: dict, micro) -> tuple[torch.Tensor, dict[str, float]]:
     """Token mean over the whole mini-batch on all ranks (not a mean of micro-batch means)."""
     mask = micro.batch["response_mask"].to(outputs["log_probs"].dtype)
     loss = mini_batch_token_mean(-outputs["log_probs"], mask, micro)
-    nll = float((-outputs["log_probs"] * mask).sum() / mask.sum().clamp(min=1))
+    nll = float((-outputs["log_probs"].detach() * mask).sum() / mask.sum().clamp(min=1))
     return loss, {"train/nll": nll}
 
 

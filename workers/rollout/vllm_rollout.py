@@ -44,6 +44,9 @@ from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation
                                   truncate_at_stop)
 
 GiB = 1 << 30
+# vLLM loggers that print an INFO line on every weight sync ("Reloading and processing weights
+# took ...", "Successfully reset prefix cache"); their warnings still show.
+PER_SYNC_INFO_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace", "vllm.v1.core.block_pool")
 
 
 def check_generation_tp(tp_size: int, world_size: int, num_attention_heads: int) -> None:
@@ -92,6 +95,12 @@ class _ExpectedReloadWarnings(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.msg == "%s: Failed to load weights" and record.args
                     and record.args[0] in self.expected)
+
+
+def quiet_per_sync_logs() -> None:
+    """An INFO line from each of these per weight sync would bury the trainer's progress table."""
+    for name in PER_SYNC_INFO_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _retie_lm_head(worker) -> int:
@@ -153,6 +162,7 @@ class VLLMRollout:
         reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
         if not any(isinstance(f, _ExpectedReloadWarnings) for f in reload_log.filters):
             reload_log.addFilter(_ExpectedReloadWarnings(self.tied))
+        quiet_per_sync_logs()
         self._on_gpu = device_type() == "cuda"
 
         global _ENGINES_IN_PROCESS

@@ -174,3 +174,17 @@ def test_weight_sync_hides_only_the_expected_reload_warnings(tied):
     assert not keep(warn("RotaryEmbedding"))  # has no weights
     assert keep(warn("ParallelLMHead")) is not tied  # tied: shares the embedding, re-tied after
     assert keep(warn("QKVParallelLinear"))  # a weight the sync missed still shows
+
+
+def test_per_sync_info_lines_are_quieted_at_their_source():
+    """The loggers vLLM's reload and prefix-cache reset print through drop INFO, keep WARNING."""
+    import logging
+
+    from vllm.model_executor.model_loader.reload import inplace
+    from vllm.v1.core import block_pool
+
+    from workers.rollout.vllm_rollout import quiet_per_sync_logs
+
+    quiet_per_sync_logs()
+    for logger in (inplace.logger, block_pool.logger):
+        assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING), logger.name
