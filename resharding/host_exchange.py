@@ -44,6 +44,17 @@ def _create(path: str, nbytes: int) -> bool:
         os.close(fd)
 
 
+def _shm_writable() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def _group_token(group) -> str:
+    """A fresh name every rank of ``group`` agrees on (a collective: rank 0's uuid)."""
+    token = [uuid.uuid4().hex if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(token, src=_global_rank(group, 0), group=group)
+    return token[0]
+
+
 def _all_ok(ok: bool, group) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
@@ -77,16 +88,15 @@ class HostExchange:
         ``capacity``.
         """
         rank = dist.get_rank(group)
-        token = [uuid.uuid4().hex if rank == 0 else None]
-        dist.broadcast_object_list(token, src=_global_rank(group, 0), group=group)
+        token = _group_token(group)
 
         def path(src: int, dst: int) -> str:
             to = "all" if dst == EVERY else dst
-            return os.path.join(SHM_DIR, f"hybridflow-reshard-{token[0]}-{src}-{to}")
+            return os.path.join(SHM_DIR, f"hybridflow-reshard-{token}-{src}-{to}")
 
         mine = {dst: n for (src, dst), n in capacity.items() if src == rank and n > 0}
         created = []
-        ok = local_ok and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+        ok = local_ok and _shm_writable()
         for dst, n in sorted(mine.items()):
             if not ok:
                 break

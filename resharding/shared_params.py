@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from typing import Mapping
 
 import torch
 import torch.distributed as dist
 
 from resharding import host_exchange
-from resharding.host_exchange import _all_ok, _create, _global_rank
+from resharding.host_exchange import _all_ok, _create, _group_token, _shm_writable
 
 ALIGN = 64  # bytes: every parameter starts on a cache line
+
+
+def _view(storage: torch.Tensor, start: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The tensor of ``shape`` at byte ``start`` of a mapped uint8 file."""
+    return storage[start:start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
 
 class SharedParameters:
@@ -50,13 +54,10 @@ class SharedParameters:
         map every other rank's; None on every rank where shared memory cannot serve the group
         (no /dev/shm, too little room in it, ranks on other hosts or in other IPC namespaces)."""
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        token = [uuid.uuid4().hex if rank == 0 else None]
-        dist.broadcast_object_list(token, src=_global_rank(group, 0), group=group)
+        token = _group_token(group)
 
-        shm = host_exchange.SHM_DIR  # read at call time: tests point it elsewhere
-
-        def path(r: int) -> str:
-            return os.path.join(shm, f"hybridflow-params-{token[0]}-{r}")
+        def path(r: int) -> str:  # SHM_DIR read at call time: tests point it elsewhere
+            return os.path.join(host_exchange.SHM_DIR, f"hybridflow-params-{token}-{r}")
 
         tensors = list(params.values())
         dtype = tensors[0].dtype if tensors else torch.float32
@@ -66,7 +67,7 @@ class SharedParameters:
             offset += -(-t.numel() * dtype.itemsize // ALIGN) * ALIGN
         nbytes = max(offset, ALIGN)
         ok = (all(t.device.type == "cpu" and t.dtype == dtype for t in tensors)
-              and os.path.isdir(shm) and os.access(shm, os.W_OK) and _create(path(rank), nbytes))
+              and _shm_writable() and _create(path(rank), nbytes))
         created = [path(rank)] if ok else []
         try:
             if not _all_ok(ok, group):
@@ -83,8 +84,7 @@ class SharedParameters:
             if ok:  # the values go in before the barrier below: peers may read them right after it
                 with torch.no_grad():
                     for name, t in params.items():
-                        start, shape = layout[name]
-                        views[name] = storages[rank][start:start + t.numel() * dtype.itemsize].view(dtype).view(shape)
+                        views[name] = _view(storages[rank], *layout[name], dtype)
                         views[name].copy_(t)
             if not _all_ok(ok, group):  # also the barrier after which every file is mapped and filled
                 return None
@@ -110,8 +110,7 @@ class SharedParameters:
             start, shape = self._layouts[rank][name]
         except KeyError:
             raise KeyError(f"reshard: rank {rank} shares no parameter {name!r}") from None
-        numel = math.prod(shape)
-        return self._storages[rank][start:start + numel * self.dtype.itemsize].view(self.dtype).view(shape)
+        return _view(self._storages[rank], start, shape, self.dtype)
 
     def close(self) -> None:
         """Drop the peers' mappings; this rank's parameters keep their (still valid) storage."""

@@ -69,8 +69,8 @@ def generate_mode(engine, rollout, weights: WeightSource, metrics: dict | None =
     ``stats`` is the TransferStats that stream fills (``resharder.stats``, ``fsdp_weights.stats``).
     Records ``timing_s/reshard`` (wake + stream + load), ``reshard/transfer_s`` (the part spent
     moving weights between ranks, the rest being the rollout's own load) and ``reshard/bytes``
-    (bytes this rank received from other ranks; ``reshard/bytes_sent`` too). The engine is offloaded only if it
-    has ``offload``/``onload`` and ``offload_engine`` is set.
+    (bytes this rank received from other ranks; ``reshard/bytes_sent`` too). The engine is
+    offloaded only if it has ``offload``/``onload`` and ``offload_engine`` is set.
     """
     metrics = {} if metrics is None else metrics
     start = time.perf_counter()
