@@ -75,6 +75,9 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     kv_cache_gib: float = 1.0  # vLLM's KV cache on CPU (VLLM_CPU_KVCACHE_SPACE)
+    # CPU: vLLM keeps plain weights next to its packed kernels so a sync skips the rebuild
+    # (workers/rollout/vllm_weight_sync.py); false saves that copy of the weights in RAM
+    cpu_live_weights: bool = True
     max_num_seqs: int = 256
     enforce_eager: bool = True
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16

@@ -170,5 +170,6 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length,
         tensor_model_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
+        cpu_live_weights=r.cpu_live_weights,
         max_num_seqs=r.max_num_seqs, enforce_eager=r.enforce_eager, dtype=r.dtype,
         seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)

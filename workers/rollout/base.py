@@ -34,6 +34,8 @@ class RolloutConfig:
     ``max_tokens`` in meta_info may lower it per call, never raise it. ``top_k=-1`` and
     ``top_p=1.0`` disable truncation. ``kv_cache_gib`` sizes vLLM's KV cache on CPU (vLLM reads
     it from ``VLLM_CPU_KVCACHE_SPACE``); on GPU ``gpu_memory_utilization`` does.
+    ``cpu_live_weights`` (CPU, vLLM) keeps plain weights beside vLLM's packed kernels so weight
+    syncs skip vLLM's rebuild (workers/rollout/vllm_weight_sync.py); off saves that RAM.
     ``free_cache_engine`` tells the hybrid worker to call ``release_memory()`` after each
     generation phase and ``resume_memory()`` before the next weight sync.
     """
@@ -48,6 +50,7 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     kv_cache_gib: float | None = 1.0
+    cpu_live_weights: bool = True
     max_num_seqs: int = 256
     enforce_eager: bool = True
     dtype: str = "auto"

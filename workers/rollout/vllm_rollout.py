@@ -14,8 +14,9 @@ What differs from plain ``LLM.generate``:
 - log-probs come from ``logprobs_mode="processed_logprobs"``: the distribution after temperature
   and top-k/top-p, i.e. what the token was sampled from (vLLM's default reports raw logits'
   log-probs, which ignores the temperature).
-- ``update_weights`` reloads HF-named full tensors in place and then re-ties a tied LM head (see
-  :func:`_retie_lm_head`).
+- ``update_weights`` copies HF-named full tensors into the engine's weights in place. On CPU the
+  engine keeps its linears' plain weights ("live weights", workers/rollout/vllm_weight_sync.py)
+  so a sync is one ``load_weights`` with no repacking; elsewhere it is vLLM's ``reload_weights``.
 - on CPU, generation runs under ``torch.compiler.set_stance("force_eager")``. vLLM's sampler
   wraps two tiny helpers in ``torch.compile`` (the sampled token's rank for ``logprobs``, and the
   random sample); on CPU their first call traces them and builds C++ kernels with the system
@@ -42,11 +43,12 @@ from hybridflow.protocol import DataProto
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
                                   prompt_token_lists, resolve_sampling, special_token_ids,
                                   truncate_at_stop)
+from workers.rollout.vllm_weight_sync import (ExpectedReloadWarnings, linears_keep_weights,
+                                              load_live_weights, quiet_per_sync_logs,
+                                              retie_lm_head, use_live_weights)
 
 GiB = 1 << 30
-# vLLM loggers that print an INFO line on every weight sync ("Reloading and processing weights
-# took ...", "Successfully reset prefix cache"); their warnings still show.
-PER_SYNC_INFO_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace", "vllm.v1.core.block_pool")
+log = logging.getLogger(__name__)
 
 
 def check_generation_tp(tp_size: int, world_size: int, num_attention_heads: int) -> None:
@@ -80,47 +82,6 @@ def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
         return f"{world_id}-{communicator.unique_name}-[{ranks}]-cpushm"
 
     cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
-
-
-class _ExpectedReloadWarnings(logging.Filter):
-    """Drops the two warnings vLLM's in-place reload logs on every weight sync for layers that
-    have nothing to load: RotaryEmbedding (no weights) and, for tied models, the LM head (it
-    shares the embedding; :func:`_retie_lm_head` refreshes it). Any other layer's warning,
-    i.e. a weight the sync really missed, still shows."""
-
-    def __init__(self, tied: bool):
-        super().__init__()
-        self.expected = {"RotaryEmbedding", "ParallelLMHead"} if tied else {"RotaryEmbedding"}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == "%s: Failed to load weights" and record.args
-                    and record.args[0] in self.expected)
-
-
-def quiet_per_sync_logs() -> None:
-    """An INFO line from each of these per weight sync would bury the trainer's progress table."""
-    for name in PER_SYNC_INFO_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _retie_lm_head(worker) -> int:
-    """Runs inside vLLM's worker (via collective_rpc): make a tied LM head use the new embedding.
-
-    vLLM ties by sharing the embedding's Parameter with the LM head, and on CPU the LM head's
-    GEMM runs on a packed copy of that weight made at load time. An in-place reload skips
-    ``lm_head.weight`` (tied checkpoints have none), so the head keeps the old packed copy and
-    log-probs stay those of the old weights. Re-sharing the Parameter and re-running the head's
-    ``process_weights_after_loading`` rebuilds the packed copy from the new embedding.
-    Returns the number of heads re-tied.
-    """
-    model = worker.model_runner.get_model()
-    lm_head = getattr(model, "lm_head", None)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if lm_head is None or embed is None or not hasattr(lm_head, "quant_method"):
-        return 0
-    lm_head.weight = embed.weight
-    lm_head.quant_method.process_weights_after_loading(lm_head)
-    return 1
 
 
 def _engine_dtype(dtype: str, hf_config) -> str:
@@ -159,10 +120,6 @@ class VLLMRollout:
             gen_config = None
         self.pad_token_id, self.eos_token_ids = special_token_ids(hf_config, gen_config)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        if not any(isinstance(f, _ExpectedReloadWarnings) for f in reload_log.filters):
-            reload_log.addFilter(_ExpectedReloadWarnings(self.tied))
-        quiet_per_sync_logs()
         self._on_gpu = device_type() == "cuda"
 
         global _ENGINES_IN_PROCESS
@@ -175,21 +132,37 @@ class VLLMRollout:
             _isolate_cpu_shm_names(_ENGINES_IN_PROCESS)
             if config.kv_cache_gib is not None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 engine_kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
-        self.llm = LLM(
-            model=model_path,
-            tensor_parallel_size=tp,
-            distributed_executor_backend="external_launcher",
-            enforce_eager=config.enforce_eager,
-            dtype=_engine_dtype(config.dtype, hf_config),
-            # same seed within a TP group (its ranks must sample identical tokens), a different
-            # stream per generation-DP rank.
-            seed=config.seed + self.dp_rank,
-            skip_tokenizer_init=True,
-            logprobs_mode="processed_logprobs",
-            max_model_len=config.prompt_length + config.response_length,
-            max_num_seqs=config.max_num_seqs,
-            **engine_kwargs,
-        )
+        live = config.cpu_live_weights and not self._on_gpu
+        build = linears_keep_weights() if live else contextlib.nullcontext()
+        with build:
+            self.llm = LLM(
+                model=model_path,
+                tensor_parallel_size=tp,
+                distributed_executor_backend="external_launcher",
+                enforce_eager=config.enforce_eager,
+                dtype=_engine_dtype(config.dtype, hf_config),
+                # same seed within a TP group (its ranks must sample identical tokens), a
+                # different stream per generation-DP rank.
+                seed=config.seed + self.dp_rank,
+                skip_tokenizer_init=True,
+                logprobs_mode="processed_logprobs",
+                max_model_len=config.prompt_length + config.response_length,
+                max_num_seqs=config.max_num_seqs,
+                **engine_kwargs,
+            )
+        # after the engine: building it re-applies vLLM's logging config, levels included
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, ExpectedReloadWarnings) for f in reload_log.filters):
+            reload_log.addFilter(ExpectedReloadWarnings(self.tied))
+        quiet_per_sync_logs()
+        # None: syncs copy into live weights; else why this engine needs vLLM's full reload
+        if live:
+            self.why_full_reload = self.llm.collective_rpc(use_live_weights)[0]
+            if self.why_full_reload:
+                log.info("vLLM weight sync: full reload on every sync (%s)", self.why_full_reload)
+        else:
+            self.why_full_reload = "GPU" if self._on_gpu else "rollout.cpu_live_weights=false"
+        self._warned_missing = False
         self._asleep = False
 
     # ------------------------------------------------------------------ generation
@@ -233,9 +206,16 @@ class VLLMRollout:
         # external_launcher runs the RPC in this process, so a lazy iterator is passed through
         # as is: the caller's tensors are consumed one at a time, never all held at once
         weights = ((name, t.detach()) for name, t in weights)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        if self.tied:
-            self.llm.collective_rpc(_retie_lm_head)
+        if self.why_full_reload is None:
+            missing = self.llm.collective_rpc(load_live_weights, kwargs={"weights": weights})[0]
+            if missing and not self._warned_missing:
+                self._warned_missing = True
+                log.warning("vLLM weight sync loaded nothing into %d parameters: %s",
+                            len(missing), ", ".join(missing[:8]))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if self.tied:
+                self.llm.collective_rpc(retie_lm_head)
         # cached KV blocks were computed with the old weights
         self.llm.reset_prefix_cache()
 

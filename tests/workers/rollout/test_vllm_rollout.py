@@ -2,7 +2,8 @@
 
 One engine per spawned world is reused for every check (engine start dominates the cost):
 greedy equals the HF rollout; sampled log-probs equal a full HF forward; after update_weights
-both equal the *new* weights' (tied and untied heads); bad settings fail with clear errors.
+(live weights and vLLM's full reload) both equal the *new* weights' (tied and untied heads);
+bad settings fail with clear errors.
 TP=1 runs as generation DP=2 (two engines, each generating its own share of the prompts).
 """
 import os
@@ -25,17 +26,27 @@ SAMPLE_STOPS = list(range(3, 40))  # with these, sampled lengths range from 1 to
 HF_CONFIG = RolloutConfig(name="hf", prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
 
 
-def _config(tp: int) -> RolloutConfig:
+def _config(tp: int, live_weights: bool = True) -> RolloutConfig:
     return RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
-                         tensor_model_parallel_size=tp, kv_cache_gib=1, seed=0)
+                         tensor_model_parallel_size=tp, kv_cache_gib=1, seed=0,
+                         cpu_live_weights=live_weights)
+
+
+def _live_weights(tp: int, model_name: str) -> bool:
+    """Each sync path on both models: live weights on tied TP2 and untied TP1, vLLM's full
+    reload (with the tied head's re-tie) on the other two."""
+    return (tp == 2) == MODELS[model_name]["tied"]
 
 
 def _rollout_worker(rank, world, tp, models):
     """Runs on every rank: for each model (one engine each, engines coexist in the process),
     generate this dp rank's share under several settings, update the weights, generate again."""
+    import logging
+
     from safetensors.torch import load_file
 
     from workers.rollout.vllm_rollout import VLLMRollout
+    from workers.rollout.vllm_weight_sync import PER_SYNC_INFO_LOGGERS
 
     results, engines = {}, []
     for name, (old_path, new_path, stop_first) in models.items():
@@ -44,7 +55,7 @@ def _rollout_worker(rank, world, tp, models):
             VLLMRollout(_config(3), old_path)
         except ValueError as e:
             errors["tp"] = str(e)
-        rollout = VLLMRollout(_config(tp), old_path)
+        rollout = VLLMRollout(_config(tp, _live_weights(tp, name)), old_path)
         # keep every engine alive: an engine's teardown destroys vLLM's process-wide parallel
         # groups, which the next engine in this process shares
         engines.append(rollout)
@@ -69,6 +80,9 @@ def _rollout_worker(rank, world, tp, models):
             "sample": run(n=4, temperature=1.0, stop_token_ids=SAMPLE_STOPS),
             "sample_t07": run(n=2, temperature=0.7),
         }
+        result["why_full_reload"] = rollout.why_full_reload
+        result["quiet_syncs"] = [not logging.getLogger(name).isEnabledFor(logging.INFO)
+                                 for name in PER_SYNC_INFO_LOGGERS]
         rollout.update_weights(load_file(f"{new_path}/model.safetensors").items())
         result["greedy_new"] = run(do_sample=False)
         result["sample_new"] = run(n=4, temperature=1.0)
@@ -122,6 +136,9 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
 
     assert [r["layout"] for r in results] == [(rank // tp, 2 // tp, rank % tp == 0) for rank in range(2)]
     for r in results:
+        live = _live_weights(tp, model_name)
+        assert r["why_full_reload"] == (None if live else "rollout.cpu_live_weights=false")
+        assert all(r["quiet_syncs"])  # no INFO line per weight sync, even after the engine's build
         assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
         assert "rollout.prompt_length=12" in r["errors"]["prompt"]
     if tp == 2:  # both ranks of one TP group return the same tokens
@@ -160,31 +177,3 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
     torch.testing.assert_close(sample_new.batch["rollout_log_probs"],
                                reference_log_probs(hf_new, sample_new), atol=1e-4, rtol=0)
     assert not torch.equal(greedy_new.batch["responses"], greedy.batch["responses"])
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_weight_sync_hides_only_the_expected_reload_warnings(tied):
-    import logging
-
-    from workers.rollout.vllm_rollout import _ExpectedReloadWarnings
-
-    keep = _ExpectedReloadWarnings(tied).filter
-    warn = lambda layer: logging.LogRecord("vllm", logging.WARNING, "layerwise.py", 266,  # noqa: E731
-                                           "%s: Failed to load weights", (layer,), None)
-    assert not keep(warn("RotaryEmbedding"))  # has no weights
-    assert keep(warn("ParallelLMHead")) is not tied  # tied: shares the embedding, re-tied after
-    assert keep(warn("QKVParallelLinear"))  # a weight the sync missed still shows
-
-
-def test_per_sync_info_lines_are_quieted_at_their_source():
-    """The loggers vLLM's reload and prefix-cache reset print through drop INFO, keep WARNING."""
-    import logging
-
-    from vllm.model_executor.model_loader.reload import inplace
-    from vllm.v1.core import block_pool
-
-    from workers.rollout.vllm_rollout import quiet_per_sync_logs
-
-    quiet_per_sync_logs()
-    for logger in (inplace.logger, block_pool.logger):
-        assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING), logger.name
