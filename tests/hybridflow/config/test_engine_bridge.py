@@ -41,9 +41,11 @@ def test_engine_kwargs_build_valid_engine_configs():
 
 def test_rollout_kwargs_build_the_rollout_config():
     cfg = load_config({"data": {"max_prompt_length": 24, "max_response_length": 12},
-                       "actor_rollout_ref": {"rollout": {"n": 4, "temperature": 0.7, "top_k": 5}}})
+                       "actor_rollout_ref": {"rollout": {"n": 4, "temperature": 0.7, "top_k": 5,
+                                                         "cpu_live_weights": False}}})
     r = rollout_base.RolloutConfig(**rollout_engine_kwargs(cfg))
     assert (r.n, r.temperature, r.top_k, r.prompt_length, r.response_length) == (4, 0.7, 5, 24, 12)
+    assert r.cpu_live_weights is False and rollout_base.RolloutConfig().cpu_live_weights is True
 
 
 def test_weight_sync_bucket_reaches_the_actor_worker():
