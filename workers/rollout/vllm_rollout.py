@@ -84,6 +84,25 @@ def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
     cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
 
 
+class _NoTokenizerWarnings(logging.Filter):
+    """Drops what vLLM warns on every engine build because the engine has no tokenizer by design
+    (``skip_tokenizer_init``): a traceback from its chat-template warm-up, and "Using None for
+    EOS token id" (EOS ids go in as ``stop_token_ids`` instead). A user reading ``make run``'s
+    output took the traceback for a failure. Other warnings of these loggers still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Chat template warmup failed" and record.exc_info:
+            return "skip_tokenizer_init" not in str(record.exc_info[1])
+        return not (isinstance(record.msg, str) and record.msg.startswith("Using None for ")
+                    and record.msg.endswith("because tokenizer is not initialized"))
+
+
+def _quiet_no_tokenizer_warnings() -> None:
+    log_ = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoTokenizerWarnings) for f in log_.filters):
+        log_.addFilter(_NoTokenizerWarnings())
+
+
 def _engine_dtype(dtype: str, hf_config) -> str:
     """``auto`` means the checkpoint's dtype here (vLLM's own ``auto`` picks bfloat16 on CPU,
     which would silently diverge from an fp32 trainer)."""
@@ -132,6 +151,7 @@ class VLLMRollout:
             _isolate_cpu_shm_names(_ENGINES_IN_PROCESS)
             if config.kv_cache_gib is not None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 engine_kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+        _quiet_no_tokenizer_warnings()
         live = config.cpu_live_weights and not self._on_gpu
         build = linears_keep_weights() if live else contextlib.nullcontext()
         with build:

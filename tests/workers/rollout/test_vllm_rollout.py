@@ -177,3 +177,21 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
     torch.testing.assert_close(sample_new.batch["rollout_log_probs"],
                                reference_log_probs(hf_new, sample_new), atol=1e-4, rtol=0)
     assert not torch.equal(greedy_new.batch["responses"], greedy.batch["responses"])
+
+
+def test_tokenizer_less_engine_build_warnings_are_dropped_and_others_kept():
+    import logging
+
+    from workers.rollout.vllm_rollout import _NoTokenizerWarnings
+
+    keep = _NoTokenizerWarnings().filter
+
+    def record(msg, exc=None):
+        exc_info = (type(exc), exc, None) if exc else None
+        return logging.LogRecord("vllm.renderers.base", logging.WARNING, "base.py", 380, msg, (), exc_info)
+
+    no_tokenizer = ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+    assert not keep(record("Chat template warmup failed", no_tokenizer))
+    assert not keep(record("Using None for EOS token id because tokenizer is not initialized"))
+    assert keep(record("Chat template warmup failed", RuntimeError("bad jinja")))  # a real failure
+    assert keep(record("Using None for EOS token id"))
