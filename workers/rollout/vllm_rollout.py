@@ -16,7 +16,8 @@ What differs from plain ``LLM.generate``:
   log-probs, which ignores the temperature).
 - ``update_weights`` copies HF-named full tensors into the engine's weights in place. On CPU the
   engine keeps its linears' plain weights ("live weights", workers/rollout/vllm_weight_sync.py)
-  so a sync is one ``load_weights`` with no repacking; elsewhere it is vLLM's ``reload_weights``.
+  so a sync is one ``load_weights`` plus a repack, without vLLM's rebuild of every layer from
+  meta tensors; elsewhere it is vLLM's ``reload_weights``.
 - on CPU, generation runs under ``torch.compiler.set_stance("force_eager")``. vLLM's sampler
   wraps two tiny helpers in ``torch.compile`` (the sampled token's rank for ``logprobs``, and the
   random sample); on CPU their first call traces them and builds C++ kernels with the system
