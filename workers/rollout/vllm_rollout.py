@@ -98,10 +98,12 @@ class _NoTokenizerWarnings(logging.Filter):
                     and record.msg.endswith("because tokenizer is not initialized"))
 
 
-def _quiet_no_tokenizer_warnings() -> None:
-    log_ = logging.getLogger("vllm.renderers.base")
-    if not any(isinstance(f, _NoTokenizerWarnings) for f in log_.filters):
-        log_.addFilter(_NoTokenizerWarnings())
+def _filter_once(logger_name: str, log_filter: logging.Filter) -> None:
+    """Add ``log_filter`` to the logger unless one of its kind is there (an engine per process
+    each calls this)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, type(log_filter)) for f in logger.filters):
+        logger.addFilter(log_filter)
 
 
 def _engine_dtype(dtype: str, hf_config) -> str:
@@ -152,7 +154,7 @@ class VLLMRollout:
             _isolate_cpu_shm_names(_ENGINES_IN_PROCESS)
             if config.kv_cache_gib is not None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 engine_kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
-        _quiet_no_tokenizer_warnings()
+        _filter_once("vllm.renderers.base", _NoTokenizerWarnings())
         live = config.cpu_live_weights and not self._on_gpu
         build = linears_keep_weights() if live else contextlib.nullcontext()
         with build:
@@ -172,9 +174,8 @@ class VLLMRollout:
                 **engine_kwargs,
             )
         # after the engine: building it re-applies vLLM's logging config, levels included
-        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        if not any(isinstance(f, ExpectedReloadWarnings) for f in reload_log.filters):
-            reload_log.addFilter(ExpectedReloadWarnings(self.tied))
+        _filter_once("vllm.model_executor.model_loader.reload.layerwise",
+                     ExpectedReloadWarnings(self.tied))
         quiet_per_sync_logs()
         # None: syncs copy into live weights; else why this engine needs vLLM's full reload
         if live:
