@@ -36,9 +36,12 @@ class FSDPConfig:
     """Only read when ``strategy == "fsdp"``. ``fsdp_size``: how many data-parallel ranks share one
     copy of the parameters. -1: all of them (FSDP); 1: none, each rank holds the whole model and
     gradients are all-reduced (DDP; fastest when the model fits, e.g. small models on CPU);
-    k: HSDP (shard within groups of k, replicate across groups)."""
+    k: HSDP (shard within groups of k, replicate across groups). ``forward_prefetch`` (sharded
+    layouts, CPU): gather each layer's parameters one layer ahead, in forward and in backward, so
+    the gathers overlap compute (see workers/engines/fsdp_layout.py); on GPU FSDP2 does this itself."""
 
     fsdp_size: int = -1
+    forward_prefetch: bool = True
 
 
 @dataclass

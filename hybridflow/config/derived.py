@@ -132,11 +132,11 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
 
 
 def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_opt_steps, warmup, seed,
-                   fsdp_size=-1):
+                   fsdp_config):
     tp, pp = model_parallel(strategy, megatron)
     return dict(
         strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
-        fsdp_size=fsdp_size,
+        fsdp_size=fsdp_config.fsdp_size, forward_prefetch=fsdp_config.forward_prefetch,
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
         warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
         min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,
@@ -151,7 +151,7 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     total = None if d.total_training_steps is None else d.total_training_steps * d.actor_optimizer_steps_per_step
     return _engine_kwargs(actor.strategy, actor.megatron, actor.param_dtype, actor.optim,
                           cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
-                          d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config.fsdp_size)
+                          d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config)
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
@@ -159,7 +159,7 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     total = None if d.total_training_steps is None else d.total_training_steps * d.critic_optimizer_steps_per_step
     return _engine_kwargs(critic.strategy, critic.megatron, critic.param_dtype, critic.optim,
                           critic.model, critic.ppo_micro_batch_size_per_gpu, total,
-                          d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config.fsdp_size)
+                          d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config)
 
 
 def rollout_engine_kwargs(cfg: RootConfig) -> dict:

@@ -138,6 +138,8 @@ def engine_step_fn(args, kind: str, data):
         config = engine_config(args, "fsdp", 1, 1, args.rows // 2)
         if kind == "fsdp_dp2_replicated":
             config = replace(config, fsdp_size=1)
+        elif kind == NO_PREFETCH:
+            config = replace(config, forward_prefetch=False)
         engine = FSDPEngine(config, args.ckpt, "actor")
     elif kind == "megatron_tp2":
         from workers.engines.megatron import MegatronEngine
@@ -223,6 +225,8 @@ ENGINE_GROUPS = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2", "megatron_pp
 # --shm-too: these engines again with HYBRIDFLOW_SHM_COLLECTIVES=1 (hybridflow/shm_group.py on)
 SHM_SUFFIX = "_shm"
 SHM_TOO = ("megatron_tp2",)  # the only engine whose collectives can use hybridflow/shm_group.py
+# --no-prefetch-too: sharded FSDP again with each all-gather blocking where it is needed
+NO_PREFETCH = "fsdp_dp2_no_prefetch"
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}
@@ -357,6 +361,9 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
                          "median_step_s": round(tokens / tps, 4),
                          "cpu_s_per_step": round(median_over_rounds(cpu, name), 3),
                          "overhead": {k: round(v, 3) for k, v in over.items()}, **mem(name)}
+    if NO_PREFETCH in engines:  # same run, same rounds: the speed-up of the one-layer-ahead gathers
+        engines["fsdp_dp2"]["speedup_vs_no_prefetch"] = round(
+            statistics.median(r["fsdp_dp2"] / r[NO_PREFETCH] for r in wall), 3)
     pp_m = args.pp_micro_batches
     engines["megatron_pp2"]["micro_batches"] = pp_m
     engines["megatron_pp2"]["ideal_1f1b_bubble_fraction"] = round(1 / (pp_m + 1), 3)  # (p-1)/(m+p-1), p=2
@@ -400,7 +407,12 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--shm-too", action="store_true",
                    help=f"also run {', '.join(SHM_TOO)} with HYBRIDFLOW_SHM_COLLECTIVES=1")
+    p.add_argument("--no-prefetch-too", action="store_true",
+                   help=f"also run sharded FSDP with fsdp_config.forward_prefetch=false ({NO_PREFETCH})")
     args = p.parse_args(argv)
+    if args.no_prefetch_too:
+        GROUPS[NO_PREFETCH] = GROUPS["fsdp_dp2"]
+        MEASUREMENTS[NO_PREFETCH] = (NO_PREFETCH, MEASUREMENTS["fsdp_dp2"][1])
     if args.shm_too:
         for g in SHM_TOO:
             GROUPS[g + SHM_SUFFIX] = GROUPS[g]

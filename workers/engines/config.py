@@ -40,6 +40,9 @@ class EngineConfig:
     # FSDP only: ranks one parameter is sharded over. -1: all data-parallel ranks (FSDP);
     # 1: none, every rank holds the full model (DDP); k: HSDP, shard within k, replicate across.
     fsdp_size: int = -1
+    # FSDP sharded layouts on CPU: all-gather each layer's parameters one layer ahead (async gloo),
+    # forward and backward. See workers/engines/fsdp_layout.py prefetch_async
+    forward_prefetch: bool = True
     seed: int = 0
 
     def validate(self) -> "EngineConfig":

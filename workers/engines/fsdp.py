@@ -107,7 +107,8 @@ class FSDPEngine:
         # self.model stays the HF module (inference, export, checkpoints, the HF rollout); in the
         # replicated layout training forwards go through the DDP wrapper instead
         self._ddp = fsdp_layout.place(model, shard_size=self.shard_size, dp_size=self.dp_size,
-                                      param_dtype=config.param_dtype, trainable=role != "ref")
+                                      param_dtype=config.param_dtype, trainable=role != "ref",
+                                      prefetch=config.forward_prefetch)
         self.model = model
 
         self.optimizer = self.scheduler = None

@@ -37,7 +37,7 @@ def resolve_shard_size(fsdp_size: int, dp_size: int) -> int:
 
 
 def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype: str,
-          trainable: bool) -> torch.nn.parallel.DistributedDataParallel | None:
+          trainable: bool, prefetch: bool = True) -> torch.nn.parallel.DistributedDataParallel | None:
     """Lay ``model`` out in place; returns the DDP wrapper in the replicated layout (None for a
     frozen model, which needs no gradient reduction, and for the sharded layouts)."""
     if shard_size == 1 and dp_size > 1:
@@ -71,7 +71,31 @@ def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype:
     for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    if prefetch and hf_device.device_type() == "cpu":
+        prefetch_async(model, layers)
     return None
+
+
+def prefetch_async(model, layers: list) -> None:
+    """Overlap each layer's parameter all-gather with the previous layer's compute, on CPU.
+
+    On GPU FSDP2 overlaps them by itself: it issues the next all-gather on a side stream. A CPU has
+    no streams, so there every unshard runs to completion where it is issued (in the layer's own
+    pre-forward / pre-backward) and compute waits for every gather. Issuing the gathers as async
+    gloo work (which runs on gloo's own thread) one layer ahead, forward and backward, hides them
+    behind the matmuls: 4-16% more tokens/s for a sharded training step at 2 ranks
+    (``scripts/bench/engines.py --no-prefetch-too``), the same numbers bit for bit. Gradient
+    reduce-scatters stay blocking: FSDP2 reads their output at once (to accumulate micro-batches).
+    """
+    model._set_unshard_async_op(True)  # private, but the documented switch for this very use
+    for i, layer in enumerate(layers):
+        if i + 1 < len(layers):
+            layer.set_modules_to_forward_prefetch([layers[i + 1]])
+        if i > 0:
+            layer.set_modules_to_backward_prefetch([layers[i - 1]])
+    # the root holds embeddings and heads: it runs first in forward and in backward
+    model.set_modules_to_forward_prefetch([layers[0]])
+    model.set_modules_to_backward_prefetch([layers[-1]])
 
 
 def compute_context(shard_size: int, param_dtype: str):

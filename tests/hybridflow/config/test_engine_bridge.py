@@ -54,3 +54,18 @@ def test_weight_sync_bucket_reaches_the_actor_worker():
                        "trainer": {"n_gpus_per_node": 2}})
     settings = build.actor_settings(cfg, derive(cfg, dataset_len=64), ("actor", "rollout"))
     assert settings.reshard_bucket_bytes == 8 << 20
+
+
+def test_fsdp_config_reaches_actor_ref_and_critic_engines():
+    build = pytest.importorskip("recipes.build")
+    cfg = load_config({"algorithm": {"adv_estimator": "gae"},
+                       "actor_rollout_ref": {"actor": {"fsdp_config": {"fsdp_size": 1, "forward_prefetch": False}},
+                                             "ref": {"fsdp_config": {"fsdp_size": 2}}},
+                       "critic": {"model": {"fsdp_config": {"forward_prefetch": False}}},
+                       "trainer": {"n_gpus_per_node": 2}})
+    d = derive(cfg, dataset_len=64)
+    settings = build.actor_settings(cfg, d, ("actor", "rollout", "ref"))
+    assert (settings.actor.fsdp_size, settings.actor.forward_prefetch) == (1, False)
+    assert (settings.ref.fsdp_size, settings.ref.forward_prefetch) == (2, True)
+    critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d))
+    assert (critic.fsdp_size, critic.forward_prefetch) == (-1, False)

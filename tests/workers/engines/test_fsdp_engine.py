@@ -169,6 +169,26 @@ def _prefix_scenario(rank, world, ckpt, **layout):
     return out
 
 
+def _prefetch_scenario(rank, world, ckpt):
+    """Sharded, shared prompts (two model calls per micro-batch), gradient accumulation over two
+    micro-batches: the same log-probs, step and weights with and without the one-layer-ahead
+    parameter gathers; and whether the prefetch was really set up."""
+    from workers.engines.fsdp import FSDPEngine
+
+    first, second = (_share(make_grouped_rl_batch(ROWS // 4, 4, P, R, VOCAB, seed=s), rank, world) for s in (10, 11))
+    out = {}
+    for prefetch in (False, True):
+        engine = FSDPEngine(_config(forward_prefetch=prefetch), ckpt, "actor")
+        layers = list(engine.model.model.layers)
+        configured = [bool(layer._get_fsdp_state()._states_to_forward_prefetch) for layer in layers[:-1]]
+        before = engine.compute_log_prob(first, TEMP)[0]
+        metrics = engine.train_batch(first, policy_gradient_loss)
+        metrics2 = engine.train_batch(second, policy_gradient_loss)
+        out[prefetch] = (before, metrics, metrics2, engine.compute_log_prob(second, TEMP)[0],
+                         _full_weights(engine, rank), configured)
+    return out
+
+
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
@@ -179,6 +199,7 @@ def _all_scenarios(rank, world, checkpoints, root):
     out["skip_replicated"] = _skip_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
     out["prefix"] = _prefix_scenario(rank, world, checkpoints["qwen2"])
     out["prefix_replicated"] = _prefix_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
+    out["prefetch"] = _prefetch_scenario(rank, world, checkpoints["qwen2"])
     out["cross_layout"] = _cross_layout_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "cross"))
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
@@ -391,3 +412,17 @@ def test_shared_prompt_forward_gives_the_same_log_probs_and_step(engine_runs, ke
     run = engine_runs["results"][0][key]
     for name, param in run[False][3].items():
         assert torch.allclose(run[True][3][name], param, atol=1e-6, rtol=0), name
+
+
+def test_prefetching_parameter_gathers_changes_no_number(engine_runs):
+    """forward_prefetch (the CPU default) issues each layer's all-gather one layer ahead, async:
+    log-probs, losses, gradient norms and weights after two steps equal the blocking gathers'."""
+    for result in engine_runs["results"]:
+        off, on = result["prefetch"][False], result["prefetch"][True]
+        assert not any(off[5]) and all(on[5])
+        assert torch.equal(on[0], off[0]) and torch.equal(on[3], off[3])
+        for m_on, m_off in ((on[1], off[1]), (on[2], off[2])):
+            assert m_on["pg_loss"] == m_off["pg_loss"] and m_on["grad_norm"] == m_off["grad_norm"]
+    run = engine_runs["results"][0]["prefetch"]
+    for name, param in run[False][4].items():
+        assert torch.equal(run[True][4][name], param), name
