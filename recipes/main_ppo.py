@@ -1,14 +1,27 @@
 """PPO-family entry point: ``python -m recipes.main_ppo --config-name {ppo,grpo,remax} key=value ...``
 
 Order matters: the config is loaded and validated completely (unknown keys, sizes, names, files,
-devices) before Ray or any worker starts, so a typo costs a second, not a cluster start-up.
+devices), then the data is read and the reward function imported, all before Ray or any worker
+starts, so a typo or a bad data row costs seconds, not a cluster start-up, and exits with one line.
 """
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 from hybridflow.config import ConfigError, compose_config, derive, load_config, split_cli_args, validate
+from hybridflow.data.dataset import DataError
+from hybridflow.rewards.loader import RewardFunctionError
+
+# what a user's input can be wrong with, and the label of its one-line message
+INPUT_ERRORS = {ConfigError: "config error", DataError: "data error", RewardFunctionError: "config error"}
+
+
+def input_error_line(err: Exception) -> str:
+    label = next(label for cls, label in INPUT_ERRORS.items() if isinstance(err, cls))
+    return f"{label}: {err}"
 
 
 def available_slots(cfg) -> int | None:
@@ -38,31 +51,50 @@ def load_and_validate(argv, default_config: str = "ppo"):
     return cfg
 
 
-def run(cfg) -> dict:
-    """Start Ray, build the worker groups, train, export; returns a summary dict."""
-    import ray
+@dataclass
+class RunInputs:
+    """What the driver reads from disk before Ray starts."""
+    tokenizer: Any
+    derived: Any
+    train_loader: Any
+    val_loader: Any
+    reward: Any
 
+
+def read_inputs(cfg) -> RunInputs:
+    """Tokenizer, data sets (every row checked) and the reward function; raises one of
+    INPUT_ERRORS naming the file, row or key when one of them cannot be used."""
     from hybridflow.data import ResumablePromptLoader, RLPromptDataset
     from hybridflow.rewards import make_reward_manager
     from hybridflow.tiny import load_tokenizer
+
+    data = cfg.data
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data)
+    val_ds = RLPromptDataset.from_config(data.val_files, tokenizer, data) if data.val_files else None
+    train_loader = ResumablePromptLoader(train_ds, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
+    val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
+                  if val_ds is not None else None)
+    reward = make_reward_manager(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
+                                 cfg.custom_reward_function.reward_kwargs)
+    return RunInputs(tokenizer, derive(cfg, dataset_len=len(train_ds)), train_loader, val_loader, reward)
+
+
+def run(cfg, inputs: RunInputs | None = None) -> dict:
+    """Start Ray, build the worker groups, train, export; returns a summary dict."""
+    import ray
+
+    from hybridflow import device
     from hybridflow.tracking import Tracker, flatten_config, plot_metrics
     from hybridflow.tracking.jsonl_logger import METRICS_FILE
     from hybridflow.trainer.placement import build_worker_groups
     from hybridflow.trainer.ppo_trainer import PPOTrainer
     from recipes.build import role_specs, worker_env
 
-    t, data = cfg.trainer, cfg.data
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
-    train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data)
-    val_ds = RLPromptDataset.from_config(data.val_files, tokenizer, data) if data.val_files else None
-    derived = derive(cfg, dataset_len=len(train_ds))
-    train_loader = ResumablePromptLoader(train_ds, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
-    val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
-                  if val_ds is not None else None)
-    reward = make_reward_manager(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                 cfg.custom_reward_function.reward_kwargs)
-
-    from hybridflow import device
+    t = cfg.trainer
+    inputs = inputs or read_inputs(cfg)
+    tokenizer, derived, reward = inputs.tokenizer, inputs.derived, inputs.reward
+    train_loader, val_loader = inputs.train_loader, inputs.val_loader
 
     use_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and device.device_type() == "cuda")
     if not ray.is_initialized():
@@ -101,10 +133,11 @@ def run(cfg) -> dict:
 def main(argv=None) -> int:
     try:
         cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+        inputs = read_inputs(cfg)
+    except tuple(INPUT_ERRORS) as err:
+        print(input_error_line(err), file=sys.stderr)
         return 2
-    summary = run(cfg)
+    summary = run(cfg, inputs)
     print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
     return 0
 

@@ -6,7 +6,8 @@ import sys
 
 from hybridflow.config import ConfigError, compose_config, split_cli_args
 from hybridflow.config.sft import load_sft_config, validate_sft
-from recipes.main_ppo import available_slots, ray_address_from_env
+from hybridflow.data.dataset import DataError
+from recipes.main_ppo import available_slots, input_error_line, ray_address_from_env
 
 
 def load_and_validate(argv):
@@ -79,10 +80,10 @@ def run(cfg) -> dict:
 def main(argv=None) -> int:
     try:
         cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+        summary = run(cfg)  # reads and checks every data row before Ray starts
+    except (ConfigError, DataError) as err:
+        print(input_error_line(err), file=sys.stderr)
         return 2
-    summary = run(cfg)
     print(f"done: {summary['steps']} SFT steps; HF checkpoint in {summary['hf_dir']}")
     return 0
 

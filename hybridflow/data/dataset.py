@@ -30,10 +30,14 @@ logger = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right")
 
 
+class DataError(ValueError):
+    """A data file or row that cannot be used; the message names the file, the row and the key."""
+
+
 def read_rows(path: str) -> list[dict]:
     """All rows of one ``.parquet`` or ``.jsonl``/``.json`` file as plain Python dicts/lists."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"data file {path!r} does not exist: check data.train_files / data.val_files")
+        raise DataError(f"data file {path!r} does not exist: check data.train_files / data.val_files")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".parquet":
         import pyarrow.parquet as pq
@@ -49,20 +53,20 @@ def read_rows(path: str) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
+                    raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
                                      "jsonl files need one JSON object per line") from None
         return rows
-    raise ValueError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet or .jsonl")
+    raise DataError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet or .jsonl")
 
 
-def _row_error(path: str, row: int, key: str, problem: str) -> ValueError:
-    return ValueError(f"{path}: row {row}: key {key!r} {problem}")
+def _row_error(path: str, row: int, key: str, problem: str) -> DataError:
+    return DataError(f"{path}: row {row}: key {key!r} {problem}")
 
 
 def validate_row(row: Any, path: str, index: int, prompt_key: str) -> None:
-    """Raise a ValueError naming file, row and key when ``row`` does not follow the schema."""
+    """Raise a DataError naming file, row and key when ``row`` does not follow the schema."""
     if not isinstance(row, Mapping):
-        raise ValueError(f"{path}: row {index} is a {type(row).__name__}, expected an object with "
+        raise DataError(f"{path}: row {index} is a {type(row).__name__}, expected an object with "
                          f"keys data_source, {prompt_key}, reward_model")
     for key in ("data_source", prompt_key, "reward_model"):
         if key not in row or row[key] is None:
@@ -102,7 +106,7 @@ def prompt_text(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template:
         apply_chat_template = has_template
     if apply_chat_template:
         if not has_template:
-            raise ValueError("data.apply_chat_template=True but the tokenizer has no chat_template: "
+            raise DataError("data.apply_chat_template=True but the tokenizer has no chat_template: "
                              "set it to false or use a tokenizer with a template")
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return "\n".join(m["content"] for m in messages)
@@ -126,7 +130,7 @@ def pad_token_id(tokenizer) -> int:
         return int(tokenizer.pad_token_id)
     if tokenizer.eos_token_id is not None:
         return int(tokenizer.eos_token_id)  # masked out anyway; verl makes the same choice
-    raise ValueError("tokenizer has neither pad_token nor eos_token: set tokenizer.pad_token")
+    raise DataError("tokenizer has neither pad_token nor eos_token: set tokenizer.pad_token")
 
 
 def left_pad(ids: list[int], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,11 +169,11 @@ class RLPromptDataset(torch.utils.data.Dataset):
             files = [files]
         files = [os.fspath(f) for f in files]
         if not files:
-            raise ValueError("no data files given: set data.train_files (a path or a list of paths)")
+            raise DataError("no data files given: set data.train_files (a path or a list of paths)")
         if max_prompt_length < 1:
-            raise ValueError(f"data.max_prompt_length={max_prompt_length}: must be a positive integer")
+            raise DataError(f"data.max_prompt_length={max_prompt_length}: must be a positive integer")
         if truncation not in TRUNCATION_MODES:
-            raise ValueError(f"data.truncation={truncation!r}: use one of {TRUNCATION_MODES}")
+            raise DataError(f"data.truncation={truncation!r}: use one of {TRUNCATION_MODES}")
         self.files, self.tokenizer, self.prompt_key = files, tokenizer, prompt_key
         self.max_prompt_length = max_prompt_length
         self.pad_id = pad_token_id(tokenizer)
@@ -185,7 +189,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
                         self.num_filtered += 1
                         continue
                     if truncation == "error":
-                        raise ValueError(
+                        raise DataError(
                             f"{path}: row {i}: key {prompt_key!r} is {len(ids)} tokens, longer than "
                             f"data.max_prompt_length={max_prompt_length}: raise max_prompt_length, set "
                             "data.filter_overlong_prompts=true, or data.truncation='left'|'right'")
@@ -200,7 +204,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
             logger.warning("truncated %d prompts (%s side) to data.max_prompt_length=%d (%s)",
                            self.num_truncated, truncation, max_prompt_length, files)
         if not self._rows:
-            raise ValueError(f"no prompts left in {files} after filtering to data.max_prompt_length="
+            raise DataError(f"no prompts left in {files} after filtering to data.max_prompt_length="
                              f"{max_prompt_length}: raise it")
 
     @classmethod

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from hybridflow.data.dataset import DataError
+
 TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
@@ -59,7 +61,7 @@ class ResumablePromptLoader:
             raise ValueError(f"batch size {batch_size} must be a positive integer (data.train_batch_size)")
         n = len(dataset)
         if drop_last and n < batch_size:
-            raise ValueError(f"the data set has {n} prompts (after filtering), fewer than one batch of "
+            raise DataError(f"the data set has {n} prompts (after filtering), fewer than one batch of "
                              f"{batch_size}: lower data.train_batch_size or add data")
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, int(seed)
         self.drop_last, self.collate_fn = drop_last, collate_fn

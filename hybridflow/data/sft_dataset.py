@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.data.dataset import encode_prompt, left_pad, pad_token_id, read_rows
+from hybridflow.data.dataset import DataError, encode_prompt, left_pad, pad_token_id, read_rows
 
 SFT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
@@ -19,26 +19,26 @@ class SFTDataset(torch.utils.data.Dataset):
                  max_length: int = 64, apply_chat_template: bool | None = None):
         files = [files] if isinstance(files, str) else list(files)
         if tokenizer.eos_token_id is None:
-            raise ValueError("SFT needs a tokenizer with an eos_token: responses must teach the model to stop")
+            raise DataError("SFT needs a tokenizer with an eos_token: responses must teach the model to stop")
         self.pad_id = pad_token_id(tokenizer)
         pairs = []
         for path in files:
             for i, row in enumerate(read_rows(path)):
                 for key in (prompt_key, response_key):
                     if key not in row:
-                        raise ValueError(f"{path}: row {i}: missing key {key!r} (data.prompt_key / data.response_key)")
+                        raise DataError(f"{path}: row {i}: missing key {key!r} (data.prompt_key / data.response_key)")
                 if not isinstance(row[response_key], str):
-                    raise ValueError(f"{path}: row {i}: key {response_key!r} must be a string")
+                    raise DataError(f"{path}: row {i}: key {response_key!r} must be a string")
                 prompt = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
                 response = list(tokenizer(row[response_key], add_special_tokens=False)["input_ids"])
                 pairs.append((prompt, response + [tokenizer.eos_token_id], path, i))
         if not pairs:
-            raise ValueError(f"no SFT rows in {files}")
+            raise DataError(f"no SFT rows in {files}")
         self.prompt_length = max(len(p) for p, _, _, _ in pairs)
         self.response_length = max_length - self.prompt_length
         for p, r, path, i in pairs:
             if len(r) > self.response_length:
-                raise ValueError(f"{path}: row {i}: prompt+response is {len(p) + len(r)} tokens, longer than "
+                raise DataError(f"{path}: row {i}: prompt+response is {len(p) + len(r)} tokens, longer than "
                                  f"data.max_length={max_length}: raise data.max_length")
         self.pairs = [(p, r) for p, r, _, _ in pairs]
 

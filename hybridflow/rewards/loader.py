@@ -16,6 +16,10 @@ from typing import Any
 from hybridflow.rewards.registry import ComputeScoreFn
 
 
+class RewardFunctionError(ValueError):
+    """``custom_reward_function.path`` / ``.name`` do not give a callable; the message says which."""
+
+
 def load_reward_function(path: str, name: str = "compute_score",
                          reward_kwargs: dict[str, Any] | None = None) -> ComputeScoreFn:
     """Import `path` and return its callable `name`, with `reward_kwargs` bound as keywords.
@@ -26,16 +30,16 @@ def load_reward_function(path: str, name: str = "compute_score",
     """
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"custom_reward_function.path: no such file {path!r}")
+        raise RewardFunctionError(f"custom_reward_function.path: no such file {path!r}")
     module_name = f"hybridflow_user_reward_{abs(hash(path))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"custom_reward_function.path: cannot import {path!r} (is it a .py file?)")
+        raise RewardFunctionError(f"custom_reward_function.path: cannot import {path!r} (is it a .py file?)")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise ImportError(
+        raise RewardFunctionError(
             f"custom_reward_function.path: importing {path!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     fn = getattr(module, name, None)
@@ -43,7 +47,7 @@ def load_reward_function(path: str, name: str = "compute_score",
         defined = sorted(n for n, v in vars(module).items()
                          if inspect.isfunction(v) and v.__module__ == module_name)
         what = "is not callable" if fn is not None else "is not defined"
-        raise AttributeError(
+        raise RewardFunctionError(
             f"custom_reward_function.name: {name!r} {what} in {path!r}; functions there: {defined}"
         )
     return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn

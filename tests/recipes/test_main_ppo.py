@@ -176,3 +176,34 @@ def test_config_error_exits_before_ray(recipe_assets, tmp_path, override, key):
     assert len(lines) == 1 and key in lines[0], result.stderr[-3000:]
     assert "Ray" not in result.stderr and not os.path.exists(out), result.stderr[-3000:]
     assert elapsed < 25, f"config error took {elapsed:.1f}s: did something heavy start first?"
+
+
+def _jsonl_with_a_row_missing_its_prompt(path) -> str:
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": f"{i}+1="}],
+             "reward_model": {"ground_truth": str(i + 1)}} for i in range(8)]
+    del rows[5]["prompt"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["bad_row", "reward_name", "batch_over_data"])
+def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, case):
+    """Inputs that only reading them can check (a data row, the reward function's name, the data
+    set's size) fail like config errors: exit 2, one line naming the file/row/key, no Ray."""
+    out = str(tmp_path / "run")
+    extra, label, text = {
+        "bad_row": ([f"data.train_files=[{_jsonl_with_a_row_missing_its_prompt(tmp_path / 'bad.jsonl')}]"],
+                    "data error", "bad.jsonl: row 5: key 'prompt' is missing"),
+        "reward_name": (["custom_reward_function.name=not_there"], "config error",
+                        "custom_reward_function.name: 'not_there' is not defined"),
+        "batch_over_data": (["data.train_batch_size=128", "actor_rollout_ref.actor.ppo_mini_batch_size=128"],
+                            "data error", "fewer than one batch of 128: lower data.train_batch_size"),
+    }[case]
+    result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
+        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra], timeout=180)
+    assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{label}:")]
+    assert len(lines) == 1 and text in lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "Ray" not in result.stderr and not os.path.exists(out)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hybridflow.data.dataset import RLPromptDataset, encode_prompt
+from hybridflow.data.dataset import DataError, RLPromptDataset, encode_prompt
 
 ROWS = [
     {"data_source": "arithmetic", "prompt": [{"role": "user", "content": "12+7="}],
@@ -152,7 +152,7 @@ def test_bad_settings_and_files_fail_clearly(tmp_path, char_tokenizer):
     path = write(ROWS, tmp_path / "d.jsonl")
     with pytest.raises(ValueError, match="data.truncation"):
         RLPromptDataset(path, char_tokenizer, truncation="middle")
-    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+    with pytest.raises(DataError, match="nope.parquet"):
         RLPromptDataset(str(tmp_path / "nope.parquet"), char_tokenizer)
     with pytest.raises(ValueError, match="unsupported extension"):
         RLPromptDataset(write(ROWS, tmp_path / "d.csv"), char_tokenizer)

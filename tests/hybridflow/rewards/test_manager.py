@@ -5,7 +5,7 @@ import textwrap
 import pytest
 import torch
 
-from hybridflow.rewards import RewardManager, load_reward_function, make_reward_manager
+from hybridflow.rewards import RewardFunctionError, RewardManager, load_reward_function, make_reward_manager
 
 
 def test_scores_land_on_last_response_token():
@@ -112,16 +112,16 @@ def test_custom_reward_function_by_path(tmp_path):
 
 
 def test_custom_reward_function_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="custom_reward_function.path: no such file"):
+    with pytest.raises(RewardFunctionError, match="custom_reward_function.path: no such file"):
         load_reward_function(str(tmp_path / "missing.py"))
     path = tmp_path / "my_reward.py"
     path.write_text(USER_FILE)
-    with pytest.raises(AttributeError) as err:
+    with pytest.raises(RewardFunctionError) as err:
         load_reward_function(str(path), "compute_score")
     assert "custom_reward_function.name" in str(err.value) and "['my_reward']" in str(err.value)
-    with pytest.raises(AttributeError, match="'helper_value' is not callable"):
+    with pytest.raises(RewardFunctionError, match="'helper_value' is not callable"):
         load_reward_function(str(path), "helper_value")
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_real_module_xyz\n")
-    with pytest.raises(ImportError, match="importing .*broken.py.* raised ModuleNotFoundError"):
+    with pytest.raises(RewardFunctionError, match="importing .*broken.py.* raised ModuleNotFoundError"):
         load_reward_function(str(broken))
