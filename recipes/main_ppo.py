@@ -137,7 +137,11 @@ def main(argv=None) -> int:
     except tuple(INPUT_ERRORS) as err:
         print(input_error_line(err), file=sys.stderr)
         return 2
-    summary = run(cfg, inputs)
+    try:
+        summary = run(cfg, inputs)
+    except RewardFunctionError as err:  # raised on every sample of a batch: the run stopped cleanly
+        print(f"reward function error: {err}", file=sys.stderr)
+        return 1
     print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
     return 0
 

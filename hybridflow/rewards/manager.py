@@ -4,7 +4,9 @@ Tokenizer-free: the caller decodes responses and passes the strings plus each re
 in tokens. The score of a response goes on its last token (index length - 1), as the advantage
 estimators expect (outcome reward). A reward function that raises on one sample never stops the
 run: that sample scores 0.0, the exception is counted in the metric `reward/errors`, and the
-first few are logged with the sample index.
+first few are logged with the sample index. One that raises on every sample of a batch (of two or
+more) is broken, not flaky: training on all-zero scores would only waste the run, so that raises
+RewardFunctionError with the first exception.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from hybridflow.rewards.loader import load_reward_function
+from hybridflow.rewards.loader import RewardFunctionError, load_reward_function
 from hybridflow.rewards.registry import ComputeScoreFn, default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class RewardManager:
 
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
-        errors = 0
+        errors, first_error = 0, None
         for i in range(batch):
             try:
                 score, extra = _as_score(self.compute_score(
@@ -83,10 +85,16 @@ class RewardManager:
                     ground_truth=ground_truths[i], extra_info=extra_infos[i]))
             except Exception as exc:
                 errors += 1
+                first_error = first_error or exc
                 score, extra = 0.0, {}
                 self._log_error(i, data_sources[i], exc)
             scores.append(score)
             extras.append(extra)
+        if batch >= 2 and errors == batch:
+            raise RewardFunctionError(
+                f"the reward function raised on all {batch} samples of a batch, first "
+                f"{type(first_error).__name__}: {first_error}; fix custom_reward_function (path/name) "
+                f"or the function") from first_error
 
         token_level_scores = torch.zeros(batch, max_response_length, dtype=torch.float32)
         for i, (score, n) in enumerate(zip(scores, lengths)):

@@ -47,6 +47,18 @@ def test_raising_reward_function_is_counted_not_fatal(caplog):
     assert any("only counted in reward/errors" in m for m in messages)
 
 
+def test_reward_function_raising_on_every_sample_stops_the_run():
+    """Broken, not flaky: all-zero scores would train on nothing, so the batch raises, naming the
+    first exception; a single-sample batch that raises is still only counted."""
+    def broken(data_source, solution_str, ground_truth, extra_info=None):
+        raise KeyError("answer")
+
+    with pytest.raises(RewardFunctionError, match=r"raised on all 3 samples of a batch, first KeyError: 'answer'"):
+        RewardManager(broken)(["a", "b", "c"], [1] * 3, 1, ["d"] * 3, [0] * 3)
+    out = RewardManager(broken)(["a"], [1], 1, ["d"], [0])
+    assert out.scores == [0.0] and out.metrics["reward/errors"] == 1.0
+
+
 def test_malformed_results_are_errors_and_dict_extras_become_metrics():
     results = iter([{"score": 1.0, "acc": True, "pred": "7"}, {"acc": 0.0}, float("nan"), "high",
                     {"score": 0.5, "acc": False}])
