@@ -80,7 +80,7 @@ class RolloutConfig:
     cpu_live_weights: bool = True
     max_num_seqs: int = 256
     enforce_eager: bool = True
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (the actor's param_dtype) | float32 | bfloat16 | float16
     free_cache_engine: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
     # weight sync: full-size HF tensors alive at once per worker (verl's key)

@@ -162,14 +162,21 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
                           d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config)
 
 
+# rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling
+# log-probs and the trainer's agree (an fp32 trainer next to a bf16 engine, e.g. from a checkpoint
+# saved in bf16, measured rollout_probs_diff_max 2-3e-3 instead of ~2e-7)
+ROLLOUT_DTYPE_OF_PARAM_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+
+
 def rollout_engine_kwargs(cfg: RootConfig) -> dict:
     """Arguments of ``workers.rollout.base.RolloutConfig`` (prompt/response widths from data)."""
     r = cfg.actor_rollout_ref.rollout
+    dtype = ROLLOUT_DTYPE_OF_PARAM_DTYPE[cfg.actor_rollout_ref.actor.param_dtype] if r.dtype == "auto" else r.dtype
     return dict(
         name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
         prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length,
         tensor_model_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
         cpu_live_weights=r.cpu_live_weights,
-        max_num_seqs=r.max_num_seqs, enforce_eager=r.enforce_eager, dtype=r.dtype,
+        max_num_seqs=r.max_num_seqs, enforce_eager=r.enforce_eager, dtype=dtype,
         seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)

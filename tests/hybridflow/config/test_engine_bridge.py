@@ -69,3 +69,12 @@ def test_fsdp_config_reaches_actor_ref_and_critic_engines():
     assert (settings.ref.fsdp_size, settings.ref.forward_prefetch) == (2, True)
     critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d))
     assert (critic.fsdp_size, critic.forward_prefetch) == (-1, False)
+
+
+@pytest.mark.parametrize("param_dtype,rollout_dtype,expected", [
+    ("fp32", "auto", "float32"), ("bf16", "auto", "bfloat16"), ("fp32", "bfloat16", "bfloat16")])
+def test_rollout_dtype_auto_follows_the_actor_compute_dtype(param_dtype, rollout_dtype, expected):
+    """Not the checkpoint's dtype: a bf16-saved model trained in fp32 must also generate in fp32."""
+    cfg = load_config({"actor_rollout_ref": {"actor": {"param_dtype": param_dtype},
+                                             "rollout": {"dtype": rollout_dtype}}})
+    assert rollout_base.RolloutConfig(**rollout_engine_kwargs(cfg)).dtype == expected
