@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +131,23 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     return {"history": history, "hf_dir": hf_dir, "plot": plot, "steps": trainer.global_step}
 
 
+def last_checkpoint_line(cfg) -> str:
+    """What a stopped run leaves to resume from, and how, as the last line the user reads."""
+    from hybridflow.trainer.checkpoint import CheckpointError, read_tracker, step_dir
+
+    root = cfg.trainer.default_local_dir
+    try:
+        step = read_tracker(root)
+    except CheckpointError as err:
+        return f"the run stopped; {err}"
+    if step is None:
+        return (f"the run stopped before its first checkpoint (trainer.save_freq={cfg.trainer.save_freq}); "
+                f"nothing to resume from in {root}")
+    how = ("run the same command again to resume from it" if cfg.trainer.resume_mode == "auto" else
+           "run again with trainer.resume_mode=auto to resume from it")
+    return f"the run stopped; its last complete checkpoint is {step_dir(root, step)}: {how}"
+
+
 def main(argv=None) -> int:
     try:
         cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
@@ -140,8 +158,12 @@ def main(argv=None) -> int:
     try:
         summary = run(cfg, inputs)
     except RewardFunctionError as err:  # raised on every sample of a batch: the run stopped cleanly
-        print(f"reward function error: {err}", file=sys.stderr)
+        print(f"reward function error: {err}\n{last_checkpoint_line(cfg)}", file=sys.stderr)
         return 1
+    except (Exception, KeyboardInterrupt) as err:  # a dead or failing worker, Ctrl-C: say what is kept
+        traceback.print_exc()
+        print(last_checkpoint_line(cfg), file=sys.stderr)
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
     print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
     return 0
 

@@ -223,6 +223,8 @@ class _Builder:
         if dataclasses.is_dataclass(tp):
             return self.build(tp, value, key + ".")
         if origin is list:
+            if value is None:  # `data.val_files=null`: none
+                return []
             if not isinstance(value, (list, tuple)):
                 value = [value]  # a single value where a list is expected
             return [self.convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]

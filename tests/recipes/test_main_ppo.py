@@ -207,3 +207,42 @@ def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, case)
     lines = [line for line in result.stderr.splitlines() if line.startswith(f"{label}:")]
     assert len(lines) == 1 and text in lines[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "Ray" not in result.stderr and not os.path.exists(out)
+
+
+@pytest.mark.slow
+def test_reward_function_raising_everywhere_stops_the_run_and_names_the_checkpoint(recipe_assets, tmp_path):
+    """A broken reward function (raises on every sample) ends the run at its first scored batch with
+    one line, and the last line says what there is to resume from (here: nothing yet)."""
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise RuntimeError('grader offline')\n")
+    out = str(tmp_path / "run")
+    result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
+        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", f"custom_reward_function.path={broken}",
+        "trainer.val_before_train=false"])
+    assert result.returncode == 1, result.stderr[-3000:]
+    ours = [line for line in result.stderr.splitlines() if line.startswith(("reward function error:", "the run stopped"))]
+    assert len(ours) == 2, result.stderr[-3000:]
+    assert "raised on all 16 samples of a batch, first RuntimeError: grader offline" in ours[0]
+    assert ours[1] == (f"the run stopped before its first checkpoint (trainer.save_freq=-1); "
+                       f"nothing to resume from in {out}")
+
+
+def test_last_checkpoint_line_names_the_folder_and_how_to_resume(tmp_path):
+    from types import SimpleNamespace
+
+    from hybridflow.trainer.checkpoint import write_tracker
+    from recipes.main_ppo import last_checkpoint_line
+
+    def cfg(resume_mode="auto"):
+        return SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(tmp_path), save_freq=2,
+                                                       resume_mode=resume_mode))
+
+    assert "before its first checkpoint (trainer.save_freq=2)" in last_checkpoint_line(cfg())
+    write_tracker(str(tmp_path), 4)
+    assert last_checkpoint_line(cfg()) == (f"the run stopped; its last complete checkpoint is "
+                                           f"{tmp_path}/global_step_4: run the same command again to resume from it")
+    assert last_checkpoint_line(cfg("disable")).endswith("run again with trainer.resume_mode=auto to resume from it")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("oops")
+    assert "is corrupted" in last_checkpoint_line(cfg())

@@ -122,6 +122,19 @@ def test_list_elements_are_typed():
         load_config({"actor_rollout_ref": {"actor": {"optim": {"betas": [0.9, "x"]}}}})
 
 
+def test_null_list_means_none_and_validation_says_what_that_needs():
+    cfg = load_config(compose_config("grpo", ["data.val_files=null"]))
+    assert cfg.data.val_files == []
+    with pytest.raises(ConfigError, match=r"data.val_files is empty but validation is on: .*trainer.test_freq=-1"):
+        validate(cfg)  # (the default model and data paths may be missing too: other errors on the line)
+    cfg = load_config(compose_config("grpo", ["data.val_files=null", "trainer.test_freq=-1",
+                                              "trainer.val_before_train=false"]))
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        assert "val_files" not in str(err)
+
+
 def test_unresolvable_interpolation_names_the_key():
     with pytest.raises(ConfigError, match="trainer.experiment_name"):
         load_config(OmegaConf.create({"trainer": {"experiment_name": "${nope.missing}"}}))
