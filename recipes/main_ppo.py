@@ -148,6 +148,17 @@ def last_checkpoint_line(cfg) -> str:
     return f"the run stopped; its last complete checkpoint is {step_dir(root, step)}: {how}"
 
 
+def report_stop(cfg, err: BaseException) -> int:
+    """Print why a started run stopped (one line for a broken reward function, the traceback of a
+    dead or failing worker), then what it left to resume from; return the exit code."""
+    if isinstance(err, RewardFunctionError):  # raised on every sample of a batch: the run stopped cleanly
+        print(f"reward function error: {err}", file=sys.stderr)
+    else:
+        traceback.print_exception(err)
+    print(last_checkpoint_line(cfg), file=sys.stderr)
+    return 130 if isinstance(err, KeyboardInterrupt) else 1
+
+
 def main(argv=None) -> int:
     try:
         cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
@@ -157,13 +168,8 @@ def main(argv=None) -> int:
         return 2
     try:
         summary = run(cfg, inputs)
-    except RewardFunctionError as err:  # raised on every sample of a batch: the run stopped cleanly
-        print(f"reward function error: {err}\n{last_checkpoint_line(cfg)}", file=sys.stderr)
-        return 1
-    except (Exception, KeyboardInterrupt) as err:  # a dead or failing worker, Ctrl-C: say what is kept
-        traceback.print_exc()
-        print(last_checkpoint_line(cfg), file=sys.stderr)
-        return 130 if isinstance(err, KeyboardInterrupt) else 1
+    except (Exception, KeyboardInterrupt) as err:  # a broken reward function, a dead worker, Ctrl-C
+        return report_stop(cfg, err)
     print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
     return 0
 

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 from hybridflow.config import ConfigError, compose_config, split_cli_args
 from hybridflow.config.sft import load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
-from recipes.main_ppo import available_slots, input_error_line, last_checkpoint_line, ray_address_from_env
+from recipes.main_ppo import available_slots, input_error_line, ray_address_from_env, report_stop
 
 
 def load_and_validate(argv):
@@ -89,10 +88,8 @@ def main(argv=None) -> int:
     except DataError as err:
         print(input_error_line(err), file=sys.stderr)
         return 2
-    except (Exception, KeyboardInterrupt) as err:  # a dead or failing worker, Ctrl-C: say what is kept
-        traceback.print_exc()
-        print(last_checkpoint_line(cfg), file=sys.stderr)
-        return 130 if isinstance(err, KeyboardInterrupt) else 1
+    except (Exception, KeyboardInterrupt) as err:  # a dead or failing worker, Ctrl-C
+        return report_stop(cfg, err)
     print(f"done: {summary['steps']} SFT steps; HF checkpoint in {summary['hf_dir']}")
     return 0
 
