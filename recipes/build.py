@@ -65,7 +65,6 @@ def worker_env(cfg) -> dict[str, str]:
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
            "HYBRIDFLOW_CALL_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
            "HYBRIDFLOW_DIST_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
-           "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(r.kv_cache_gib))),
            "HYBRIDFLOW_DEVICE": os.environ.get("HYBRIDFLOW_DEVICE", ""),
            # opt-in shared-memory TP all-reduces (hybridflow/shm_group.py); forwarded because
            # workers on a cluster do not inherit the driver's environment

@@ -74,7 +74,7 @@ class RolloutConfig:
     top_k: int = -1  # -1: off
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
-    kv_cache_gib: float = 1.0  # vLLM's KV cache on CPU (VLLM_CPU_KVCACHE_SPACE)
+    kv_cache_gib: float = 1.0  # vLLM's KV cache on CPU, in GiB (fractions too; wins over VLLM_CPU_KVCACHE_SPACE)
     # CPU: vLLM keeps plain weights next to its packed kernels so a sync skips the rebuild
     # (workers/rollout/vllm_weight_sync.py); false saves that copy of the weights in RAM
     cpu_live_weights: bool = True

@@ -32,8 +32,9 @@ class RolloutConfig:
 
     ``response_length`` is the padded response width R and the default ``max_tokens``;
     ``max_tokens`` in meta_info may lower it per call, never raise it. ``top_k=-1`` and
-    ``top_p=1.0`` disable truncation. ``kv_cache_gib`` sizes vLLM's KV cache on CPU (vLLM reads
-    it from ``VLLM_CPU_KVCACHE_SPACE``); on GPU ``gpu_memory_utilization`` does.
+    ``top_p=1.0`` disable truncation. ``kv_cache_gib`` sizes vLLM's KV cache on CPU, to the byte (it
+    takes precedence over vLLM's whole-GiB ``VLLM_CPU_KVCACHE_SPACE``; None leaves the sizing
+    to vLLM); on GPU ``gpu_memory_utilization`` does.
     ``cpu_live_weights`` (CPU, vLLM) keeps plain weights beside vLLM's packed kernels so weight
     syncs skip vLLM's rebuild (workers/rollout/vllm_weight_sync.py); off saves that RAM.
     ``free_cache_engine`` tells the hybrid worker to call ``release_memory()`` after each

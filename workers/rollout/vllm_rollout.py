@@ -115,6 +115,17 @@ def _engine_dtype(dtype: str, hf_config) -> str:
     return str(ckpt).removeprefix("torch.") if ckpt is not None else "auto"
 
 
+@contextlib.contextmanager
+def _without_env(names: list[str]):
+    """Hide environment variables while vLLM builds an engine, then put them back, so that other
+    engines and libraries in this process still see the caller's values."""
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 class VLLMRollout:
     """The Rollout protocol (workers/rollout/base.py) on one vLLM engine per generation TP group.
 
@@ -146,18 +157,20 @@ class VLLMRollout:
 
         global _ENGINES_IN_PROCESS
         _ENGINES_IN_PROCESS += 1
-        engine_kwargs = {}
+        engine_kwargs, hidden_env = {}, []
         if self._on_gpu:
             engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
                                  enable_sleep_mode=True)
         else:
             _isolate_cpu_shm_names(_ENGINES_IN_PROCESS)
-            if config.kv_cache_gib is not None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            if config.kv_cache_gib is not None:
                 engine_kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+                # vLLM's legacy whole-GiB VLLM_CPU_KVCACHE_SPACE would override the exact size
+                hidden_env.append("VLLM_CPU_KVCACHE_SPACE")
         _filter_once("vllm.renderers.base", _NoTokenizerWarnings())
         live = config.cpu_live_weights and not self._on_gpu
         build = linears_keep_weights() if live else contextlib.nullcontext()
-        with build:
+        with build, _without_env(hidden_env):
             self.llm = LLM(
                 model=model_path,
                 tensor_parallel_size=tp,

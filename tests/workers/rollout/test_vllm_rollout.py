@@ -22,13 +22,15 @@ from workers.rollout.hf_rollout import HFRollout
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+# a fraction, while the environment says 1 (above): the config's exact size must win
+KV_CACHE_GIB = 0.25
 SAMPLE_STOPS = list(range(3, 40))  # with these, sampled lengths range from 1 to max_tokens
 HF_CONFIG = RolloutConfig(name="hf", prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
 
 
 def _config(tp: int, live_weights: bool = True) -> RolloutConfig:
     return RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
-                         tensor_model_parallel_size=tp, kv_cache_gib=1, seed=0,
+                         tensor_model_parallel_size=tp, kv_cache_gib=KV_CACHE_GIB, seed=0,
                          cpu_live_weights=live_weights)
 
 
@@ -81,6 +83,8 @@ def _rollout_worker(rank, world, tp, models):
             "sample_t07": run(n=2, temperature=0.7),
         }
         result["why_full_reload"] = rollout.why_full_reload
+        result["on_cpu"] = not rollout._on_gpu
+        result["kv_cache_bytes"] = rollout.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
         result["quiet_syncs"] = [not logging.getLogger(name).isEnabledFor(logging.INFO)
                                  for name in PER_SYNC_INFO_LOGGERS]
         rollout.update_weights(load_file(f"{new_path}/model.safetensors").items())
@@ -138,6 +142,8 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
     for r in results:
         live = _live_weights(tp, model_name)
         assert r["why_full_reload"] == (None if live else "rollout.cpu_live_weights=false")
+        if r["on_cpu"]:
+            assert r["kv_cache_bytes"] == int(KV_CACHE_GIB * 2**30)
         assert all(r["quiet_syncs"])  # no INFO line per weight sync, even after the engine's build
         assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
         assert "rollout.prompt_length=12" in r["errors"]["prompt"]
