@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config import ConfigError, compose_config, derive, load_config, split_cli_args, validate
+from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
 
@@ -148,11 +149,26 @@ def last_checkpoint_line(cfg) -> str:
     return f"the run stopped; its last complete checkpoint is {step_dir(root, step)}: {how}"
 
 
+def memory_hint(cfg) -> str:
+    """The keys that lower a worker's host memory, for the stop line of a run that ran out of it."""
+    if not hasattr(cfg, "actor_rollout_ref"):  # the SFT recipe
+        return ("a smaller data.micro_batch_size_per_gpu, model.enable_gradient_checkpointing=true, "
+                "or more workers (trainer.n_gpus_per_node)")
+    arr = "actor_rollout_ref"
+    return (f"{arr}.rollout.tensor_model_parallel_size=2 or more (splits vLLM's copy of the weights), a smaller "
+            f"{arr}.rollout.kv_cache_gib, {arr}.rollout.cpu_live_weights=false, a smaller "
+            f"{arr}.actor.ppo_micro_batch_size_per_gpu, or {arr}.model.enable_gradient_checkpointing=true "
+            "(README: Host memory)")
+
+
 def report_stop(cfg, err: BaseException) -> int:
-    """Print why a started run stopped (one line for a broken reward function, the traceback of a
-    dead or failing worker), then what it left to resume from; return the exit code."""
+    """Print why a started run stopped (one line for a broken reward function or a worker killed
+    for lack of memory, the traceback of a dead or failing worker), then what it left to resume
+    from; return the exit code."""
     if isinstance(err, RewardFunctionError):  # raised on every sample of a batch: the run stopped cleanly
         print(f"reward function error: {err}", file=sys.stderr)
+    elif isinstance(err, WorkerMemoryError):  # not a bug in the code: the traceback would only distract
+        print(f"out of memory: {err}. To lower the memory per worker: {memory_hint(cfg)}", file=sys.stderr)
     else:
         traceback.print_exception(err)
     print(last_checkpoint_line(cfg), file=sys.stderr)

@@ -4,10 +4,10 @@ from hybridflow.controller.dispatch import Dispatch, DispatchMode, Execute, regi
 from hybridflow.controller.future import DataProtoFuture, GroupFuture
 from hybridflow.controller.resource_pool import ResourceError, ResourcePool
 from hybridflow.controller.worker import Worker
-from hybridflow.controller.worker_group import RayClassWithInitArgs, RayWorkerGroup, WorkerGroupError
+from hybridflow.controller.worker_group import RayClassWithInitArgs, RayWorkerGroup, WorkerGroupError, WorkerMemoryError
 
 __all__ = [
     "Dispatch", "DispatchMode", "Execute", "register", "Worker", "ResourcePool", "ResourceError",
-    "RayClassWithInitArgs", "RayWorkerGroup", "WorkerGroupError", "create_colocated_worker_cls",
-    "DataProtoFuture", "GroupFuture",
+    "RayClassWithInitArgs", "RayWorkerGroup", "WorkerGroupError", "WorkerMemoryError",
+    "create_colocated_worker_cls", "DataProtoFuture", "GroupFuture",
 ]

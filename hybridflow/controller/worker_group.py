@@ -29,6 +29,16 @@ class WorkerGroupError(RuntimeError):
     """A rank of a worker group raised, died, or did not answer in time."""
 
 
+class WorkerMemoryError(WorkerGroupError):
+    """Ray's memory monitor killed a rank because the node ran out of host memory."""
+
+
+def _first_line(err: BaseException) -> str:
+    """Ray's errors run to dozens of lines (object-store stats, top processes); the first says what."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class RayClassWithInitArgs:
     """A worker class plus the arguments of its constructor, instantiated later on each slot."""
 
@@ -211,11 +221,13 @@ class RayWorkerGroup:
                 rank = index[ref]
                 try:
                     results[rank] = ray.get(ref)
+                except ray.exceptions.OutOfMemoryError as e:  # Ray's memory monitor killed the worker
+                    raise WorkerMemoryError(f"{self.name}: rank {rank} was killed for lack of host memory during "
+                                            f"{method} ({_first_line(e)})") from None
                 except ray.exceptions.RayTaskError as e:
                     raise WorkerGroupError(f"{self.name}: rank {rank} raised in {method}:\n{e}") from None
                 except ray.exceptions.RayActorError as e:
-                    cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    raise WorkerGroupError(f"{self.name}: rank {rank} died during {method} ({cause})") from None
+                    raise WorkerGroupError(f"{self.name}: rank {rank} died during {method} ({_first_line(e)})") from None
         return results
 
     def shutdown(self) -> None:

@@ -246,3 +246,29 @@ def test_last_checkpoint_line_names_the_folder_and_how_to_resume(tmp_path):
     assert last_checkpoint_line(cfg("disable")).endswith("run again with trainer.resume_mode=auto to resume from it")
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("oops")
     assert "is corrupted" in last_checkpoint_line(cfg())
+
+
+def test_a_worker_killed_for_memory_stops_in_one_line_naming_the_keys(tmp_path, capsys):
+    """No traceback (the code did nothing wrong): what happened with Ray's numbers, the keys that
+    lower a worker's memory in this recipe, then the checkpoint line."""
+    from hybridflow.config import compose_config, load_config
+    from hybridflow.config.sft import load_sft_config
+    from hybridflow.controller import WorkerMemoryError
+    from recipes.main_ppo import report_stop
+
+    err = WorkerMemoryError("actor: rank 1 was killed for lack of host memory during update_actor "
+                            "(Memory on the node was 22.63GB used / 23.54GB limit)")
+    ppo = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path}"]))
+    assert report_stop(ppo, err) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in lines[0]
+    assert lines[0].startswith("out of memory: actor: rank 1 was killed for lack of host memory during update_actor")
+    for key in ("actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.kv_cache_gib",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        assert key in lines[0]
+    assert lines[1].startswith("the run stopped before its first checkpoint")
+
+    sft = load_sft_config(compose_config("sft", [f"trainer.default_local_dir={tmp_path}"]))
+    report_stop(sft, err)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "data.micro_batch_size_per_gpu" in first and "actor_rollout_ref" not in first

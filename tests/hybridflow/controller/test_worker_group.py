@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridflow.controller import (Dispatch, DispatchMode, Execute, RayClassWithInitArgs, RayWorkerGroup,
-                                   ResourceError, ResourcePool, Worker, WorkerGroupError,
+                                   ResourceError, ResourcePool, Worker, WorkerGroupError, WorkerMemoryError,
                                    create_colocated_worker_cls, register)
 from hybridflow.protocol import DataProto
 
@@ -223,6 +223,31 @@ def test_killed_worker_fails_fast_within_timeout(ray_cluster):
     with pytest.raises(WorkerGroupError, match=r"victim: rank 1 died during sleep"):
         g._wait(fut, "sleep")
     assert time.monotonic() - t0 < 15
+    g.shutdown()
+
+
+def test_worker_killed_for_memory_is_one_line_with_the_numbers(ray_cluster, monkeypatch):
+    """Ray's memory monitor kills a worker with a report of dozens of lines (object-store stats,
+    top processes); the error keeps its first line, with the numbers, and says what happened."""
+    import ray
+
+    g = make_group(EchoWorker, name="hungry")
+    refs = g.execute_all_async("who", "t")
+    real_get = ray.get
+    report = ("1 worker(s) were killed due to the node running low on memory. Memory on the node was "
+              "22.63GB used / 23.54GB limit (0.961247)\nObject store memory usage: [- objects spillable: 0")
+
+    def get(ref, *args, **kwargs):
+        if ref == refs[1]:
+            raise ray.exceptions.OutOfMemoryError(report)
+        return real_get(ref, *args, **kwargs)
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(WorkerMemoryError, match=r"hungry: rank 1 was killed for lack of host memory during who "
+                                                r"\(1 worker\(s\) were killed .* 22\.63GB used / 23\.54GB limit") as err:
+        g._wait(refs, "who")
+    assert "Object store" not in str(err.value) and isinstance(err.value, WorkerGroupError)
+    monkeypatch.undo()
     g.shutdown()
 
 
