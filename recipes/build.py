@@ -60,8 +60,8 @@ def role_specs(cfg, derived) -> tuple[dict, dict]:
 
 
 def worker_env(cfg) -> dict[str, str]:
-    """Environment every Ray worker starts with."""
-    r = cfg.actor_rollout_ref.rollout
+    """Environment every Ray worker starts with. (Not VLLM_CPU_KVCACHE_SPACE: the rollout sizes
+    vLLM's KV cache to the byte from rollout.kv_cache_gib; that variable only takes whole GiB.)"""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
            "HYBRIDFLOW_CALL_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
            "HYBRIDFLOW_DIST_TIMEOUT_S": str(cfg.trainer.call_timeout_s),

@@ -4,7 +4,8 @@ from hybridflow.controller.dispatch import Dispatch, DispatchMode, Execute, regi
 from hybridflow.controller.future import DataProtoFuture, GroupFuture
 from hybridflow.controller.resource_pool import ResourceError, ResourcePool
 from hybridflow.controller.worker import Worker
-from hybridflow.controller.worker_group import RayClassWithInitArgs, RayWorkerGroup, WorkerGroupError, WorkerMemoryError
+from hybridflow.controller.worker_group import (RayClassWithInitArgs, RayWorkerGroup, WorkerGroupError,
+                                               WorkerMemoryError)
 
 __all__ = [
     "Dispatch", "DispatchMode", "Execute", "register", "Worker", "ResourcePool", "ResourceError",
