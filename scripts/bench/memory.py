@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,11 +37,14 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPE = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936, tied=True,
              max_positions=1024)
-BASE = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+RUN = dict(workers=2, prompts=2, samples=2, steps=3)
+BASE = [f"data.train_batch_size={RUN['prompts']}", f"actor_rollout_ref.rollout.n={RUN['samples']}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={RUN['prompts']}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.rollout.cpu_live_weights=false", "actor_rollout_ref.rollout.kv_cache_gib=0.5",
-        "data.max_response_length=8", "trainer.total_training_steps=3", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_freq=3", "trainer.n_gpus_per_node=2",
+        "data.max_response_length=8", f"trainer.total_training_steps={RUN['steps']}", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", f"trainer.save_freq={RUN['steps']}",
+        f"trainer.n_gpus_per_node={RUN['workers']}",
         "trainer.logger=[jsonl]",
         # a random model scores every sample alike, so by default every row would be skipped and
         # the update would be the optimizer step alone; compute them, activations and all
@@ -122,7 +126,7 @@ def parameters_m(model_dir: str) -> float:
 
 def run_layout(args, paths: dict, layout: str) -> dict:
     run_dir = os.path.join(args.work_dir, "runs", layout)
-    subprocess.run(["rm", "-rf", run_dir], check=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
            f"data.train_files=[{paths['data']}/train.parquet]", f"data.val_files=[{paths['data']}/val.parquet]",
            f"actor_rollout_ref.model.path={paths['model']}", f"trainer.default_local_dir={run_dir}",
@@ -161,7 +165,7 @@ def main(argv=None) -> dict:
     os.makedirs(args.work_dir, exist_ok=True)
     paths = build_assets(args.work_dir)
     result = {"model": {"shape": "Qwen2.5-0.5B", **SHAPE, "dtype": "fp32", "parameters_m": parameters_m(paths["model"])},
-              "run": {"workers": 2, "prompts": 2, "samples": 2, "steps": 3, "overrides": BASE + args.overrides},
+              "run": {**RUN, "overrides": BASE + args.overrides},
               "host_memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB, 1),
               "layouts": {}}
     for layout in args.layouts:
