@@ -2,8 +2,6 @@
 imports ``workers``) and build everything a run needs before the loop starts."""
 from __future__ import annotations
 
-import os
-
 from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, read_model_config, rollout_engine_kwargs
 from hybridflow.controller import RayClassWithInitArgs
@@ -57,18 +55,3 @@ def role_specs(cfg, derived) -> tuple[dict, dict]:
             # the worker refuses a reward model whose vocabulary is not the actor's (ids would not match)
             actor_vocab_size=(read_model_config(cfg.actor_rollout_ref.model.path) or {}).get("vocab_size")))
     return main, side
-
-
-def worker_env(cfg) -> dict[str, str]:
-    """Environment every Ray worker starts with. (Not VLLM_CPU_KVCACHE_SPACE: the rollout sizes
-    vLLM's KV cache to the byte from rollout.kv_cache_gib; that variable only takes whole GiB.)"""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
-           "HYBRIDFLOW_CALL_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
-           "HYBRIDFLOW_DIST_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
-           "HYBRIDFLOW_DEVICE": os.environ.get("HYBRIDFLOW_DEVICE", ""),
-           # opt-in shared-memory TP all-reduces (hybridflow/shm_group.py); forwarded because
-           # workers on a cluster do not inherit the driver's environment
-           "HYBRIDFLOW_SHM_COLLECTIVES": os.environ.get("HYBRIDFLOW_SHM_COLLECTIVES", "")}
-    if cfg.trainer.device in ("cpu", "cuda"):
-        env["HYBRIDFLOW_DEVICE"] = cfg.trainer.device
-    return {k: v for k, v in env.items() if v}

@@ -91,7 +91,8 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     from hybridflow.tracking.jsonl_logger import METRICS_FILE
     from hybridflow.trainer.placement import build_worker_groups
     from hybridflow.trainer.ppo_trainer import PPOTrainer
-    from recipes.build import role_specs, worker_env
+    from recipes.build import role_specs
+    from recipes.worker_env import worker_env
 
     t = cfg.trainer
     inputs = inputs or read_inputs(cfg)
@@ -102,7 +103,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
                  (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": worker_env(cfg)})
+                 runtime_env={"env_vars": worker_env(cfg, cfg.actor_rollout_ref.model.path)})
     main_roles, side_roles = role_specs(cfg, derived)
     groups, pools = build_worker_groups(cfg, main_roles, side_roles, use_gpu)
     for role in ("actor_rollout_ref", "ref", "critic", "reward_model"):

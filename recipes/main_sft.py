@@ -30,6 +30,7 @@ def run(cfg) -> dict:
     from hybridflow.tracking import Tracker, flatten_config
     from hybridflow.trainer.sft_trainer import SFTTrainer
     from workers.engines.config import EngineConfig
+    from recipes.worker_env import worker_env
     from workers.sft_worker import SFTSettings, SFTWorker
 
     d, t = cfg.data, cfg.trainer
@@ -58,7 +59,7 @@ def run(cfg) -> dict:
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local",
                  num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),
-                 include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+                 include_dashboard=False, runtime_env={"env_vars": worker_env(cfg, cfg.model.path)})
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),
                            name_prefix="sft", timeout_s=t.call_timeout_s)
