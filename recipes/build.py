@@ -19,7 +19,8 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
     ref = EngineConfig(**{**actor_engine_kwargs(cfg, derived),
                           "micro_batch_size_per_gpu": arr.ref.log_prob_micro_batch_size_per_gpu,
                           "fsdp_size": arr.ref.fsdp_config.fsdp_size,
-                          "forward_prefetch": arr.ref.fsdp_config.forward_prefetch})
+                          "forward_prefetch": arr.ref.fsdp_config.forward_prefetch,
+                          "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward})
     objective = ActorObjective(clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
                                clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
                                entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,

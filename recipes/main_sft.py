@@ -54,7 +54,8 @@ def run(cfg) -> dict:
                           lr_schedule=o.lr_scheduler, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
                           grad_clip=o.clip_grad, micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
                           gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed,
-                          fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch)
+                          fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,
+                          reshard_after_forward=m.fsdp_config.reshard_after_forward)
     use_gpu = t.device == "cuda" or (t.device == "auto" and device.device_type() == "cuda")
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local",

@@ -38,10 +38,14 @@ class FSDPConfig:
     gradients are all-reduced (DDP; fastest when the model fits, e.g. small models on CPU);
     k: HSDP (shard within groups of k, replicate across groups). ``forward_prefetch`` (sharded
     layouts, CPU): gather each layer's parameters one layer ahead, in forward and in backward, so
-    the gathers overlap compute (see workers/engines/fsdp_layout.py); on GPU FSDP2 does this itself."""
+    the gathers overlap compute (see workers/engines/fsdp_layout.py); on GPU FSDP2 does this itself.
+    ``reshard_after_forward`` (sharded layouts): false keeps each layer's gathered parameters until
+    the engine call ends (a training step: every micro-batch's forward and backward), so each layer
+    is all-gathered once per call; costs a full copy of the parameters per rank meanwhile."""
 
     fsdp_size: int = -1
     forward_prefetch: bool = True
+    reshard_after_forward: bool = True
 
 
 @dataclass

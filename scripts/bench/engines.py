@@ -140,6 +140,8 @@ def engine_step_fn(args, kind: str, data):
             config = replace(config, fsdp_size=1)
         elif kind == NO_PREFETCH:
             config = replace(config, forward_prefetch=False)
+        elif kind == KEEP_GATHERED:
+            config = replace(config, reshard_after_forward=False)
         engine = FSDPEngine(config, args.ckpt, "actor")
     elif kind == "megatron_tp2":
         from workers.engines.megatron import MegatronEngine
@@ -227,6 +229,8 @@ SHM_SUFFIX = "_shm"
 SHM_TOO = ("megatron_tp2",)  # the only engine whose collectives can use hybridflow/shm_group.py
 # --no-prefetch-too: sharded FSDP again with each all-gather blocking where it is needed
 NO_PREFETCH = "fsdp_dp2_no_prefetch"
+# --keep-gathered-too: sharded FSDP again with fsdp_config.reshard_after_forward=false
+KEEP_GATHERED = "fsdp_dp2_keep_gathered"
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}
@@ -364,6 +368,9 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
     if NO_PREFETCH in engines:  # same run, same rounds: the speed-up of the one-layer-ahead gathers
         engines["fsdp_dp2"]["speedup_vs_no_prefetch"] = round(
             statistics.median(r["fsdp_dp2"] / r[NO_PREFETCH] for r in wall), 3)
+    if KEEP_GATHERED in engines:  # same run, same rounds: one all-gather per layer per step
+        engines[KEEP_GATHERED]["speedup_vs_fsdp_dp2"] = round(
+            statistics.median(r[KEEP_GATHERED] / r["fsdp_dp2"] for r in wall), 3)
     pp_m = args.pp_micro_batches
     engines["megatron_pp2"]["micro_batches"] = pp_m
     engines["megatron_pp2"]["ideal_1f1b_bubble_fraction"] = round(1 / (pp_m + 1), 3)  # (p-1)/(m+p-1), p=2
@@ -409,10 +416,13 @@ def parse_args(argv=None):
                    help=f"also run {', '.join(SHM_TOO)} with HYBRIDFLOW_SHM_COLLECTIVES=1")
     p.add_argument("--no-prefetch-too", action="store_true",
                    help=f"also run sharded FSDP with fsdp_config.forward_prefetch=false ({NO_PREFETCH})")
+    p.add_argument("--keep-gathered-too", action="store_true",
+                   help=f"also run sharded FSDP with fsdp_config.reshard_after_forward=false ({KEEP_GATHERED})")
     args = p.parse_args(argv)
-    if args.no_prefetch_too:
-        GROUPS[NO_PREFETCH] = GROUPS["fsdp_dp2"]
-        MEASUREMENTS[NO_PREFETCH] = (NO_PREFETCH, MEASUREMENTS["fsdp_dp2"][1])
+    for flag, group in ((args.no_prefetch_too, NO_PREFETCH), (args.keep_gathered_too, KEEP_GATHERED)):
+        if flag:
+            GROUPS[group] = GROUPS["fsdp_dp2"]
+            MEASUREMENTS[group] = (group, MEASUREMENTS["fsdp_dp2"][1])
     if args.shm_too:
         for g in SHM_TOO:
             GROUPS[g + SHM_SUFFIX] = GROUPS[g]

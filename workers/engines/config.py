@@ -43,6 +43,11 @@ class EngineConfig:
     # FSDP sharded layouts on CPU: all-gather each layer's parameters one layer ahead (async gloo),
     # forward and backward. See workers/engines/fsdp_layout.py prefetch_async
     forward_prefetch: bool = True
+    # FSDP sharded layouts: False keeps each layer's gathered parameters from its first use in an
+    # engine call (a training step's forwards and backwards, a log-prob pass) to the call's end:
+    # one all-gather per layer per call instead of one per forward and backward of every
+    # micro-batch, for a full copy of the parameters on every rank meanwhile. See fsdp_layout.py
+    reshard_after_forward: bool = True
     seed: int = 0
 
     def validate(self) -> "EngineConfig":

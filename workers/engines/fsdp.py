@@ -216,7 +216,8 @@ class FSDPEngine:
         micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
         self._check_same_micro_count(len(micros), what)
         self.model.eval()
-        parts = [self._forward(m, temperature, calculate_entropy) for m in micros]
+        with self._gathered():
+            parts = [self._forward(m, temperature, calculate_entropy) for m in micros]
         return {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
 
     def compute_log_prob(self, data, temperature: float,
@@ -255,14 +256,15 @@ class FSDPEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         results = []
-        for index, micro in enumerate(micros):
-            micro.meta_info.update(meta, **{META_MINI_BATCH_ROWS: rows})
-            micro = micro.to(self.device)
-            with self._accumulating(last=index == len(micros) - 1):
-                outputs = self._forward(micro, temperature, calculate_entropy)
-                loss, metrics = loss_fn(outputs, micro)
-                (loss * (len(micro) / rows)).backward()
-            results.append(metrics)
+        with self._gathered():
+            for index, micro in enumerate(micros):
+                micro.meta_info.update(meta, **{META_MINI_BATCH_ROWS: rows})
+                micro = micro.to(self.device)
+                with self._accumulating(last=index == len(micros) - 1):
+                    outputs = self._forward(micro, temperature, calculate_entropy)
+                    loss, metrics = loss_fn(outputs, micro)
+                    (loss * (len(micro) / rows)).backward()
+                results.append(metrics)
         if not micros:  # every row skipped everywhere: a zero gradient, but the optimizer still steps
             for p in self.model.parameters():  # (AdamW's moments and weight decay move the weights)
                 if p.requires_grad:
@@ -280,6 +282,9 @@ class FSDPEngine:
         if skip_rows is not None:
             result["skipped_rows_frac"] = skipped_rows_frac(meta, trained)
         return result
+
+    def _gathered(self):
+        return fsdp_layout.gathered_until_exit(self.model, self._ddp is None and not self.config.reshard_after_forward)
 
     def _accumulating(self, last: bool):
         return fsdp_layout.accumulation_context(self.model, self._ddp, shard_size=self.shard_size,

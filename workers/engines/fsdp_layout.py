@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from hybridflow import device as hf_device
 
@@ -96,6 +96,33 @@ def prefetch_async(model, layers: list) -> None:
     # the root holds embeddings and heads: it runs first in forward and in backward
     model.set_modules_to_forward_prefetch([layers[0]])
     model.set_modules_to_backward_prefetch([layers[-1]])
+
+
+@contextlib.contextmanager
+def gathered_until_exit(model: torch.nn.Module, enabled: bool):
+    """``reshard_after_forward=False``: inside, a layer all-gathered once stays gathered (through
+    every micro-batch's forward and backward); on exit every layer is resharded.
+
+    FSDP2's own ``reshard_after_forward=False`` only skips the re-gather between a layer's forward
+    and its backward, and leaves forward-only passes holding unsharded copies that later weight
+    edits and exports do not see. Here both reshard flags are off only inside the block, and the
+    block ends before clipping and the optimizer step, which work on the sharded parameters (while
+    gathered, ``model.parameters()`` yields the unsharded tensors, which carry no gradient). The
+    gathers are exact copies, so the numbers are the same as with resharding; what changes is one
+    all-gather per layer per call instead of two per micro-batch, and a full copy of the
+    parameters on every rank while inside.
+    """
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)] if enabled else []
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.set_reshard_after_backward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.set_reshard_after_forward(True, recurse=False)
+            m.set_reshard_after_backward(True, recurse=False)
+            m.reshard()
 
 
 def compute_context(shard_size: int, param_dtype: str):

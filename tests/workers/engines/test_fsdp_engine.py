@@ -189,6 +189,29 @@ def _prefetch_scenario(rank, world, ckpt):
     return out
 
 
+def _gathered_scenario(rank, world, ckpt):
+    """Sharded, gradient accumulation over two micro-batches, with and without
+    reshard_after_forward: the log-probs, steps and weights, and whether every call left the
+    parameters sharded (a DTensor each) behind it."""
+    from torch.distributed.tensor import DTensor
+
+    from workers.engines.fsdp import FSDPEngine
+
+    first, second = (_share(make_grouped_rl_batch(ROWS // 4, 4, P, R, VOCAB, seed=s), rank, world) for s in (12, 13))
+    out = {}
+    for reshard in (True, False):
+        engine = FSDPEngine(_config(reshard_after_forward=reshard), ckpt, "actor")
+        sharded = []
+        before = engine.compute_log_prob(first, TEMP)[0]
+        sharded.append(all(isinstance(p, DTensor) for p in engine.model.parameters()))
+        metrics = engine.train_batch(first, policy_gradient_loss)
+        sharded.append(all(isinstance(p, DTensor) for p in engine.model.parameters()))
+        metrics2 = engine.train_batch(second, policy_gradient_loss)
+        out[reshard] = (before, metrics, metrics2, engine.compute_log_prob(second, TEMP)[0],
+                        _full_weights(engine, rank), sharded)
+    return out
+
+
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
@@ -200,6 +223,7 @@ def _all_scenarios(rank, world, checkpoints, root):
     out["prefix"] = _prefix_scenario(rank, world, checkpoints["qwen2"])
     out["prefix_replicated"] = _prefix_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
     out["prefetch"] = _prefetch_scenario(rank, world, checkpoints["qwen2"])
+    out["gathered"] = _gathered_scenario(rank, world, checkpoints["qwen2"])
     out["cross_layout"] = _cross_layout_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "cross"))
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
@@ -414,15 +438,34 @@ def test_shared_prompt_forward_gives_the_same_log_probs_and_step(engine_runs, ke
         assert torch.allclose(run[True][3][name], param, atol=1e-6, rtol=0), name
 
 
+def _assert_same_numbers(a, b):
+    """Two runs of (log-probs before, step 1 metrics, step 2 metrics, log-probs after, weights, _)
+    equal bit for bit."""
+    assert torch.equal(a[0], b[0]) and torch.equal(a[3], b[3])
+    for m_a, m_b in ((a[1], b[1]), (a[2], b[2])):
+        assert m_a["pg_loss"] == m_b["pg_loss"] and m_a["grad_norm"] == m_b["grad_norm"]
+
+
 def test_prefetching_parameter_gathers_changes_no_number(engine_runs):
     """forward_prefetch (the CPU default) issues each layer's all-gather one layer ahead, async:
     log-probs, losses, gradient norms and weights after two steps equal the blocking gathers'."""
     for result in engine_runs["results"]:
         off, on = result["prefetch"][False], result["prefetch"][True]
         assert not any(off[5]) and all(on[5])
-        assert torch.equal(on[0], off[0]) and torch.equal(on[3], off[3])
-        for m_on, m_off in ((on[1], off[1]), (on[2], off[2])):
-            assert m_on["pg_loss"] == m_off["pg_loss"] and m_on["grad_norm"] == m_off["grad_norm"]
+        _assert_same_numbers(on, off)
     run = engine_runs["results"][0]["prefetch"]
     for name, param in run[False][4].items():
         assert torch.equal(run[True][4][name], param), name
+
+
+def test_keeping_gathered_parameters_through_a_call_changes_no_number(engine_runs):
+    """reshard_after_forward=false gathers each layer once per engine call and reshards when the
+    call ends: log-probs (the second one after two steps, so no stale gathered copy is read),
+    losses, gradient norms and weights equal the per-micro-batch gathers', bit for bit."""
+    for result in engine_runs["results"]:
+        default, kept = result["gathered"][True], result["gathered"][False]
+        assert all(kept[5])  # (the default leaves the root's parameters gathered after a forward-only pass)
+        _assert_same_numbers(kept, default)
+    run = engine_runs["results"][0]["gathered"]
+    for name, param in run[True][4].items():
+        assert torch.equal(run[False][4][name], param), name
