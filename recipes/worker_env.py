@@ -35,11 +35,12 @@ def has_tensors_beyond_malloc_reuse(model_path: str | None) -> bool:
 
     With it PyTorch asks for transparent huge pages for every CPU tensor of 2 MB or more: a fault
     maps 2 MB instead of 4 KB, and freed tensors still go back to the OS. At a Qwen2.5-0.5B shape
-    on CPU the faults were a third of a GRPO step (scripts/bench/memory.py, Megatron TP=2: 15.7
-    -> 10.8 s per step, peak host memory 21.2 -> 19.6 GB). Below the threshold glibc already
-    reuses freed memory and the advice only costs (a 25M-parameter model with a 100-token
-    vocabulary stepped 2-14% slower end to end with it, in four runs). Keeping freed memory in glibc
-    (MALLOC_MMAP_THRESHOLD_) was faster still in one process but ran the same run out of memory.
+    on CPU the faults were a quarter to a third of a GRPO step (scripts/bench/memory.py, Megatron
+    TP=2: 15.7 -> 10.8 and 16.7 -> 12.9 s per step, peak host memory 1.4-1.6 GB lower). Below
+    the threshold glibc already reuses freed memory and the advice only costs (a 25M-parameter
+    model with a 100-token vocabulary stepped 2-14% slower end to end with it, in four runs).
+    Keeping freed memory in glibc (MALLOC_MMAP_THRESHOLD_) was faster still in one process but
+    ran the same run out of memory.
     PyTorch reads the variable once per process, so it must be set where the worker starts; a
     value in the driver's environment (0 or 1) wins over this choice."""
     config = read_model_config(model_path) if model_path else None

@@ -124,6 +124,16 @@ def parameters_m(model_dir: str) -> float:
     return round(total / 1e6, 1)
 
 
+def drop_checkpoints(run_dir: str) -> None:
+    """The run saves a checkpoint (its time is measured) and the final HF model: ~8 GB per layout
+    at this size. Only the metrics are read, so the weights go as soon as the run ends."""
+    if not os.path.isdir(run_dir):
+        return
+    for name in os.listdir(run_dir):
+        if name.startswith("global_step_") or name == "hf":
+            shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+
+
 def run_layout(args, paths: dict, layout: str) -> dict:
     run_dir = os.path.join(args.work_dir, "runs", layout)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -134,7 +144,10 @@ def run_layout(args, paths: dict, layout: str) -> dict:
     env = dict(os.environ, PYTHONPATH=REPO, TOKENIZERS_PARALLELISM="false")
     start = time.perf_counter()
     with Sampler() as sampler:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+        finally:
+            drop_checkpoints(run_dir)
     result = {"rc": proc.returncode, "wall_s": round(time.perf_counter() - start, 1),
               "peak_host_used_gb": round(sampler.peak_used / GB, 2),
               "peak_worker_rss_gb": round(sampler.peak_worker_rss / GB, 2)}
