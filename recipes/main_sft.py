@@ -29,8 +29,8 @@ def run(cfg) -> dict:
     from hybridflow.tiny import load_tokenizer
     from hybridflow.tracking import Tracker, flatten_config
     from hybridflow.trainer.sft_trainer import SFTTrainer
-    from workers.engines.config import EngineConfig
     from recipes.worker_env import worker_env
+    from workers.engines.config import EngineConfig
     from workers.sft_worker import SFTSettings, SFTWorker
 
     d, t = cfg.data, cfg.trainer
