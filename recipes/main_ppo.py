@@ -87,7 +87,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     import ray
 
     from hybridflow import device
-    from hybridflow.tracking import Tracker, flatten_config, plot_metrics
+    from hybridflow.tracking import Tracker, flatten_config, plot_metrics, with_jsonl
     from hybridflow.tracking.jsonl_logger import METRICS_FILE
     from hybridflow.trainer.placement import build_worker_groups
     from hybridflow.trainer.ppo_trainer import PPOTrainer
@@ -114,7 +114,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     from omegaconf import OmegaConf  # noqa: F401  (flatten_config handles dataclasses via asdict)
     import dataclasses
 
-    tracker = Tracker(t.logger, t.project_name, t.experiment_name, t.default_local_dir,
+    tracker = Tracker(with_jsonl(t.logger), t.project_name, t.experiment_name, t.default_local_dir,
                       flatten_config(dataclasses.asdict(cfg)))
     trainer = PPOTrainer(cfg, groups, tokenizer, train_loader, val_loader, reward, tracker,
                          progress=sys.stderr.isatty() or bool(os.environ.get("HYBRIDFLOW_PROGRESS")))

@@ -27,7 +27,7 @@ def run(cfg) -> dict:
     from hybridflow.data.loader import ResumablePromptLoader
     from hybridflow.data.sft_dataset import SFTDataset, collate_sft
     from hybridflow.tiny import load_tokenizer
-    from hybridflow.tracking import Tracker, flatten_config
+    from hybridflow.tracking import Tracker, flatten_config, with_jsonl
     from hybridflow.trainer.sft_trainer import SFTTrainer
     from recipes.worker_env import worker_env
     from workers.engines.config import EngineConfig
@@ -64,7 +64,7 @@ def run(cfg) -> dict:
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),
                            name_prefix="sft", timeout_s=t.call_timeout_s)
-    tracker = Tracker(t.logger, t.project_name, t.experiment_name, t.default_local_dir,
+    tracker = Tracker(with_jsonl(t.logger), t.project_name, t.experiment_name, t.default_local_dir,
                       flatten_config(dataclasses.asdict(cfg)))
     try:
         group.init_model()

@@ -178,6 +178,12 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
         ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
         errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
                                    "tp*pp", ctp * cpp))
+        # megatron-core's parallel_state is per process, and colocated roles share a process.
+        if (t.placement == "colocate" and arr.actor.strategy == cfg.critic.strategy == "megatron"
+                and (ctp, cpp) != (tp, pp)):
+            errors.append(f"critic.megatron (tp={ctp}, pp={cpp}) differs from {ARR}.actor.megatron "
+                          f"(tp={tp}, pp={pp}), but trainer.placement=colocate runs both in one process, "
+                          "which holds one Megatron layout: use the same sizes, or trainer.placement=separate")
     errors.append(fsdp_size_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config.fsdp_size, world))
     errors.append(fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size, side_world))
     errors.append(fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,

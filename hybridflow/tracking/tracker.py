@@ -30,6 +30,16 @@ BACKENDS: dict[str, type] = {
 }
 
 
+def with_jsonl(loggers: str | Iterable[str]) -> list[str]:
+    """A recipe's loggers: the user's ``trainer.logger`` plus ``jsonl``.
+
+    Recipes always write ``metrics.jsonl``: the reward-curve plot at the end reads it, and it is
+    the one record of a run that needs no extra package. verl's configs list ``[console, wandb]``
+    and the like, so a user's list that leaves it out must not lose it."""
+    names = [loggers] if isinstance(loggers, str) else list(loggers)
+    return names if "jsonl" in names else names + ["jsonl"]
+
+
 def _as_float(key: str, value: Any) -> float:
     # numbers.Real covers int, float, numpy scalars; 0-d tensors expose .item().
     if hasattr(value, "item") and not isinstance(value, numbers.Real):

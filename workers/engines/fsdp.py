@@ -266,9 +266,8 @@ class FSDPEngine:
                     (loss * (len(micro) / rows)).backward()
                 results.append(metrics)
         if not micros:  # every row skipped everywhere: a zero gradient, but the optimizer still steps
-            for p in self.model.parameters():  # (AdamW's moments and weight decay move the weights)
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
+            for p in self._trained_params():  # (AdamW's moments and weight decay move the weights)
+                p.grad = torch.zeros_like(p)
 
         grad_norm = self._clip_grad_norm()
         if math.isfinite(grad_norm):
@@ -290,9 +289,14 @@ class FSDPEngine:
         return fsdp_layout.accumulation_context(self.model, self._ddp, shard_size=self.shard_size,
                                                 dp_size=self.dp_size, last=last)
 
+    def _trained_params(self) -> list[Tensor]:
+        """The optimizer's parameters: the shards themselves, whatever state the module's own
+        parameter attributes are in (FSDP2 swaps gathered copies in while a layer is unsharded)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+
     def _clip_grad_norm(self) -> float:
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self._trained_params(), max_norm)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         return float(norm)

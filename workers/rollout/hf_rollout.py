@@ -22,6 +22,20 @@ from workers.rollout.base import (RolloutConfig, build_rollout_batch, prompt_tok
                                   resolve_sampling, special_token_ids, truncate_at_stop)
 
 
+def _reshard(module: torch.nn.Module) -> None:
+    """Put an FSDP2 module's parameters back in their shards after generating.
+
+    FSDP2 never reshards the root after a forward (it expects the backward next), and generate
+    goes around the engine, so the root's parameters (embeddings, final norm, head) would stay
+    gathered as plain tensors. A training step that then computes nothing (every row skipped)
+    would step the shards while the module kept computing with the stale gathered copy."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 class HFRollout:
     """The Rollout protocol on ``module.generate``; every rank is its own generation-DP rank.
 
@@ -70,6 +84,7 @@ class HFRollout:
                                        synced_gpus=self.sync_ranks and self.dp_size > 1)
         finally:
             self.module.train(was_training)
+            _reshard(self.module)
         generated = out.sequences[:, input_ids.shape[1]:].cpu()
         scores = torch.stack(out.scores, dim=1).float().cpu()  # [rows, steps, vocab]
         log_probs = torch.log_softmax(scores, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)

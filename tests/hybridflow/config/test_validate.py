@@ -82,6 +82,11 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
           actor_rollout_ref__actor__megatron__pipeline_model_parallel_size=2,
           actor_rollout_ref__rollout__tensor_model_parallel_size=2),
      "actor_rollout_ref.rollout.tensor_model_parallel_size=2 must divide actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1"),
+    (dict(algorithm__adv_estimator="gae", actor_rollout_ref__actor__strategy="megatron",
+          actor_rollout_ref__actor__megatron__tensor_model_parallel_size=2, critic__strategy="megatron",
+          critic__megatron__pipeline_model_parallel_size=2),
+     "critic.megatron (tp=1, pp=2) differs from actor_rollout_ref.actor.megatron (tp=2, pp=1), but "
+     "trainer.placement=colocate runs both in one process"),
     (dict(actor_rollout_ref__actor__megatron__tensor_model_parallel_size=2),
      "actor_rollout_ref.actor.megatron.* sizes only apply to actor_rollout_ref.actor.strategy=megatron"),
     (dict(actor_rollout_ref__rollout__name="hf", actor_rollout_ref__rollout__tensor_model_parallel_size=2),
@@ -144,6 +149,10 @@ def test_separate_pool_sizes_the_critic_world(run_dir):
                critic__megatron__tensor_model_parallel_size=2)
     msg = error_of(cfg)
     assert "critic.megatron (tensor x pipeline parallel): 1 workers cannot be split into tp*pp=2" in msg
+    # on its own pool the critic may use a Megatron layout unlike the actor's
+    validate(grpo(algorithm__adv_estimator="gae", trainer__placement="separate", trainer__separate_pool_gpus_per_node=2,
+                  actor_rollout_ref__actor__strategy="megatron", critic__strategy="megatron",
+                  critic__megatron__pipeline_model_parallel_size=2), available_slots=4)
 
 
 def test_missing_files_are_named(run_dir):

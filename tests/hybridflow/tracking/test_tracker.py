@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.tracking import BACKENDS, Tracker, flatten_config, read_metrics
+from hybridflow.tracking import BACKENDS, Tracker, flatten_config, read_metrics, with_jsonl
 
 CONFIG = {"trainer": {"total_epochs": 2, "logger": ["jsonl"]},
           "algorithm": {"adv_estimator": "grpo", "kl_ctrl": {"kl_coef": 0.001}},
@@ -60,6 +60,16 @@ def test_console_prints_aligned_table_of_headline_metrics(tmp_path, capsys):
     # Columns line up: every value ends where its title ends.
     assert len({len(line) for line in lines}) == 1
     assert not (tmp_path / "metrics.jsonl").exists()  # console alone writes no file
+
+
+def test_recipes_always_write_metrics_jsonl(tmp_path):
+    """verl-style ``trainer.logger=[console,tensorboard]`` leaves jsonl out; the recipes' plot
+    and the user's record of the run still need metrics.jsonl."""
+    assert with_jsonl(["console", "tensorboard"]) == ["console", "tensorboard", "jsonl"]
+    assert with_jsonl("console") == ["console", "jsonl"]
+    assert with_jsonl(["jsonl", "console"]) == ["jsonl", "console"]
+    _log_steps(Tracker(with_jsonl(["console"]), "proj", "exp", str(tmp_path), CONFIG))
+    assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
 
 
 def test_unknown_logger_lists_valid_names(tmp_path):

@@ -107,9 +107,16 @@ def _critic_scenario(rank, world, ckpt):
 def _skip_scenario(rank, world, ckpt, **layout):
     """The real actor objective, three ways: every row computed (micro-batches of 2), zero-
     advantage rows skipped, and micro-batches of 1. Step 1 skips 3 of rank 0's 4 rows (so rank 0
-    pads to rank 1's 4); step 2 has no advantage anywhere (nothing is computed at all)."""
+    pads to rank 1's 4); step 2 has no advantage anywhere (nothing is computed at all).
+
+    Before step 2 the skipping engine generates with its own module (``rollout.name=hf``), which
+    goes around the engine: the step must still see sharded parameters and update the weights the
+    module computes with (log-probs after step 2)."""
     from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn
+    from torch.distributed.tensor import DTensor
     from workers.engines.fsdp import FSDPEngine
+    from workers.rollout.base import RolloutConfig
+    from workers.rollout.hf_rollout import HFRollout
 
     loss_fn, objective = make_actor_loss_fn(ActorObjective()), ActorObjective()
     first = make_rl_batch(ROWS, P, R, VOCAB, seed=4)
@@ -122,10 +129,25 @@ def _skip_scenario(rank, world, ckpt, **layout):
         for step, batch in enumerate((first, second), start=1):
             mine = _share(batch, rank, world)
             mine.meta_info.update(temperature=TEMP, calculate_entropy=True)
+            if skip and step == 2:
+                rollout = HFRollout(engine.model, RolloutConfig(name="hf", prompt_length=P, response_length=2),
+                                    sync_ranks=True)
+                rollout.generate_sequences(_prompts_of(mine))
+                out["sharded_after_generate"] = all(isinstance(p, DTensor) for p in engine.model.parameters())
             metrics = engine.train_batch(mine, loss_fn, skip_rows=objective.inert_rows(mine.batch) if skip else None)
             out[f"{name}_metrics{step}"] = metrics
             out[f"{name}_weights{step}"] = _full_weights(engine, rank)
+        out[f"{name}_log_probs_after"] = engine.compute_log_prob(mine, TEMP)[0]
     return out
+
+
+def _prompts_of(data):
+    """The prompt half of an RL batch, as a rollout receives it."""
+    from hybridflow.protocol import DataProto
+
+    b = data.batch
+    return DataProto.from_dict({"input_ids": b["prompts"], "attention_mask": b["attention_mask"][:, :P],
+                                "position_ids": b["position_ids"][:, :P]})
 
 
 def _cross_layout_scenario(rank, world, ckpt, workdir):
@@ -411,6 +433,10 @@ def test_skipping_zero_advantage_rows_takes_the_same_step(engine_runs, key):
     # with nothing to compute, the optimizer still stepped (AdamW's momentum and weight decay)
     assert any(not torch.equal(run["skip_weights1"][n], run["skip_weights2"][n]) for n in run["skip_weights1"])
     assert run["skip_metrics1"]["actor/pg_loss"] != 0.0 and run["skip_metrics2"]["grad_norm"] == 0.0
+    # generating with the module (rollout.name=hf) left no gathered copy behind to go stale
+    if key == "skip":
+        assert run["sharded_after_generate"]
+    torch.testing.assert_close(run["skip_log_probs_after"], run["full_log_probs_after"], atol=1e-5, rtol=0)
 
 
 def test_checkpoint_resumes_in_the_other_parameter_layout(engine_runs):
