@@ -19,7 +19,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards import make_reward_manager
 from hybridflow.tiny import load_tokenizer
 from hybridflow.trainer.placement import build_worker_groups
-from recipes.build import role_specs, worker_env
+from recipes.build import role_specs
+from recipes.worker_env import worker_env
 
 
 def main(overrides):
@@ -32,7 +33,8 @@ def main(overrides):
     tok = load_tokenizer(cfg.actor_rollout_ref.model.path)
     data = RLPromptDataset.from_config(cfg.data.train_files, tok, cfg.data)
     loader = ResumablePromptLoader(data, cfg.data.train_batch_size, seed=cfg.data.seed)
-    reward = make_reward_manager()
+    fn = cfg.custom_reward_function
+    reward = make_reward_manager(fn.path, fn.name, fn.reward_kwargs)
     ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": worker_env(cfg)})
     main_roles, _ = role_specs(cfg, derive(cfg, len(data)))
     groups, _ = build_worker_groups(cfg, main_roles, {}, use_gpu=False)
