@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config import ConfigError, compose_config, derive, load_config, split_cli_args, validate
+from hybridflow.config import ConfigError, cli_info, compose_config, derive, load_config, split_cli_args, validate
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
@@ -177,8 +177,13 @@ def report_stop(cfg, err: BaseException) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
+        info = cli_info(argv, "ppo", __doc__)
+        if info is not None:
+            print(info)
+            return 0
+        cfg = load_and_validate(argv)
         inputs = read_inputs(cfg)
     except tuple(INPUT_ERRORS) as err:
         print(input_error_line(err), file=sys.stderr)

@@ -4,15 +4,15 @@ from __future__ import annotations
 import os
 import sys
 
-from hybridflow.config import ConfigError, compose_config, split_cli_args
-from hybridflow.config.sft import load_sft_config, validate_sft
+from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
+from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from recipes.main_ppo import available_slots, input_error_line, ray_address_from_env, report_stop
 
 
 def load_and_validate(argv):
     name, overrides = split_cli_args(argv, "sft")
-    cfg = ray_address_from_env(load_sft_config(compose_config(name, overrides)))
+    cfg = ray_address_from_env(load_sft_config(compose_config(name, overrides, schema=SFTConfig)))
     validate_sft(cfg, available_slots=available_slots(cfg))
     return cfg
 
@@ -80,8 +80,13 @@ def run(cfg) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = load_and_validate(sys.argv[1:] if argv is None else argv)
+        info = cli_info(argv, "sft", __doc__, schema=SFTConfig)
+        if info is not None:
+            print(info)
+            return 0
+        cfg = load_and_validate(argv)
     except ConfigError as err:
         print(input_error_line(err), file=sys.stderr)
         return 2

@@ -17,7 +17,9 @@ from hybridflow.config.derived import (
     rollout_engine_kwargs,
 )
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.load import compose_config, dotted_keys, load_config, split_cli_args, to_dataclass
+from hybridflow.config.load import (
+    cli_info, compose_config, dotted_keys, load_config, split_cli_args, to_dataclass,
+)
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig, RewardModelModelConfig
 from hybridflow.config.root import RootConfig
 from hybridflow.config.trainer import RayInitConfig, TrainerConfig
@@ -28,7 +30,7 @@ __all__ = [
     "ValKwargsConfig", "AlgorithmConfig", "KLCtrlConfig", "MegatronConfig", "OptimConfig",
     "CriticConfig", "CriticModelConfig", "DataConfig", "Derived", "actor_engine_kwargs",
     "critic_engine_kwargs", "derive", "needs_critic", "needs_reference", "rollout_engine_kwargs",
-    "ConfigError", "compose_config", "dotted_keys", "load_config", "split_cli_args", "to_dataclass",
+    "ConfigError", "cli_info", "compose_config", "dotted_keys", "load_config", "split_cli_args", "to_dataclass",
     "CustomRewardFunctionConfig", "RewardModelConfig", "RewardModelModelConfig", "RootConfig",
     "RayInitConfig", "TrainerConfig", "read_model_config", "validate",
 ]

@@ -250,3 +250,26 @@ class _Builder:
         self.errors.append(f"config key '{key}' must be {_describe(tp)}, got "
                            f"{type(value).__name__} {value!r}{hint}")
         return value
+
+
+def cli_info(argv: Sequence[str], default_config_name: str, usage: str,
+             schema: type = RootConfig) -> str | None:
+    """What ``--help`` / ``-h`` and Hydra's ``--cfg job`` ask an entry point to print instead of
+    running, or None to run. ``--cfg job`` (also ``all``) prints the composed config as YAML
+    after the overrides, so a user sees every key and value the run would get."""
+    args = list(argv)
+    if "--help" in args or "-h" in args:
+        configs = sorted(p.stem for p in Path(RECIPES_CONFIG_DIR).glob("*.yaml"))
+        return (f"{usage.strip()}\n\nconfigs (--config-name): {', '.join(configs)} (default "
+                f"{default_config_name})\nprint a config with its overrides applied: --cfg job key=value ...")
+    if "--cfg" not in args:
+        return None
+    at = args.index("--cfg")
+    what = args[at + 1] if at + 1 < len(args) else None
+    if what not in ("job", "all"):
+        raise ConfigError(f"--cfg takes 'job' (the run's config), e.g. --cfg job; got {what!r}")
+    from omegaconf import OmegaConf
+
+    name, overrides = split_cli_args(args[:at] + args[at + 2:], default_config_name)
+    return OmegaConf.to_yaml(compose_config(name, overrides, schema=schema)).rstrip()
+

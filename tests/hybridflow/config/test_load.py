@@ -6,8 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridflow.config import (
-    ConfigError, RootConfig, compose_config, derive, dotted_keys, load_config, split_cli_args,
-    validate,
+    ConfigError, RootConfig, cli_info, compose_config, derive, dotted_keys, load_config,
+    split_cli_args, validate,
 )
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 
@@ -186,3 +186,22 @@ def test_config_round_trips_through_asdict():
     # The trainer logs dataclasses.asdict(cfg); loading that back must give the same config.
     cfg = load_config(compose_config("ppo"))
     assert load_config(dataclasses.asdict(cfg)) == cfg
+
+
+def test_help_and_cfg_job_print_instead_of_running():
+    """``--help`` names the configs; Hydra's ``--cfg job`` prints the composed config with the
+    overrides applied, as YAML that loads back to the same run config; anything else runs."""
+    assert cli_info(["--config-name", "grpo", "data.seed=1"], "ppo", "usage") is None
+    help_text = cli_info(["-h"], "ppo", "usage: main_ppo")
+    assert help_text.startswith("usage: main_ppo") and "grpo, ppo, remax" in help_text
+    printed = cli_info(["--config-name", "grpo", "--cfg", "job", "actor_rollout_ref.rollout.n=8"], "ppo", "")
+    loaded = load_config(OmegaConf.create(printed))
+    assert loaded == load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=8"]))
+    assert loaded.actor_rollout_ref.rollout.n == 8
+    sft = cli_info(["--cfg", "job", "model.path=my/model"], "sft", "", schema=SFTConfig)
+    assert load_sft_config(OmegaConf.create(sft)).model.path.endswith("my/model")
+    with pytest.raises(ConfigError, match="--cfg takes 'job'"):
+        cli_info(["--cfg", "hydra"], "ppo", "")
+    with pytest.raises(ConfigError, match="did you mean 'model.path'"):
+        cli_info(["--cfg", "job", "model.pth=x"], "sft", "", schema=SFTConfig)
+
