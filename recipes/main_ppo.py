@@ -7,6 +7,7 @@ starts, so a typo or a bad data row costs seconds, not a cluster start-up, and e
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
         ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
                  (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": worker_env(cfg, cfg.actor_rollout_ref.model.path)})
+    previous_sigterm = stop_on_sigterm()
     main_roles, side_roles = role_specs(cfg, derived)
     groups, pools = build_worker_groups(cfg, main_roles, side_roles, use_gpu)
     for role in ("actor_rollout_ref", "ref", "critic", "reward_model"):
@@ -130,7 +132,33 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
             group.shutdown()
         for pool in pools:
             pool.release()
+        restore_sigterm(previous_sigterm)
     return {"history": history, "hf_dir": hf_dir, "plot": plot, "steps": trainer.global_step}
+
+
+class Terminated(Exception):
+    """SIGTERM (``scancel``, a Slurm time limit, ``kill``): the run stops as on Ctrl-C."""
+
+
+def stop_on_sigterm() -> Any:
+    """Turn SIGTERM into :class:`Terminated` in the driver, so the run's ``finally`` blocks shut
+    the workers down and the user reads what is left to resume from. Installed after
+    ``ray.init``, whose own handler exits without saying more; returns the handler it replaced
+    (for :func:`restore_sigterm`), or None off the main thread, where Python allows no handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    return signal.signal(signal.SIGTERM, handler) or signal.SIG_DFL
+
+
+def restore_sigterm(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def last_checkpoint_line(cfg) -> str:
@@ -170,10 +198,15 @@ def report_stop(cfg, err: BaseException) -> int:
         print(f"reward function error: {err}", file=sys.stderr)
     elif isinstance(err, WorkerMemoryError):  # not a bug in the code: the traceback would only distract
         print(f"out of memory: {err}. To lower the memory per worker: {memory_hint(cfg)}", file=sys.stderr)
+    elif isinstance(err, KeyboardInterrupt):
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+    elif isinstance(err, Terminated):
+        print(err, file=sys.stderr)
     else:
         traceback.print_exception(err)
     print(last_checkpoint_line(cfg), file=sys.stderr)
-    return 130 if isinstance(err, KeyboardInterrupt) else 1
+    # the shell's convention: 128 + the signal number
+    return 130 if isinstance(err, KeyboardInterrupt) else 143 if isinstance(err, Terminated) else 1
 
 
 def main(argv=None) -> int:

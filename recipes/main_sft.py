@@ -7,7 +7,8 @@ import sys
 from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
-from recipes.main_ppo import available_slots, input_error_line, ray_address_from_env, report_stop
+from recipes.main_ppo import (available_slots, input_error_line, ray_address_from_env, report_stop,
+                              restore_sigterm, stop_on_sigterm)
 
 
 def load_and_validate(argv):
@@ -61,6 +62,7 @@ def run(cfg) -> dict:
         ray.init(address=cfg.ray_init.address or "local",
                  num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),
                  include_dashboard=False, runtime_env={"env_vars": worker_env(cfg, cfg.model.path)})
+    previous_sigterm = stop_on_sigterm()
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),
                            name_prefix="sft", timeout_s=t.call_timeout_s)
@@ -76,6 +78,7 @@ def run(cfg) -> dict:
         tracker.finish()
         group.shutdown()
         pool.release()
+        restore_sigterm(previous_sigterm)
     return {"history": history, "hf_dir": t.hf_output_dir, "steps": trainer.global_step}
 
 

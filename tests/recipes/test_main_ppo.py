@@ -274,3 +274,44 @@ def test_a_worker_killed_for_memory_stops_in_one_line_naming_the_keys(tmp_path, 
     report_stop(sft, err)
     first = capsys.readouterr().err.splitlines()[0]
     assert "data.micro_batch_size_per_gpu" in first and "actor_rollout_ref" not in first
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_path):
+    """``scancel`` or a Slurm time limit sends SIGTERM: the driver stops the workers and says
+    which checkpoint to resume from (before, Ray's handler exited with nothing said)."""
+    import signal
+    import subprocess
+    import sys
+
+    from hybridflow.trainer.checkpoint import read_tracker
+    from tests.recipes.conftest import REPO
+
+    out = str(tmp_path / "run")
+    overrides = [o for o in recipe_assets.overrides(out) if not o.startswith(("trainer.total_training_steps",
+                                                                            "trainer.test_freq"))]
+    overrides += ["trainer.total_training_steps=1000", "trainer.save_freq=1", "trainer.test_freq=-1",
+                  "trainer.val_before_train=false", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(tmp_path / "stderr.txt", "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo", *overrides],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err_file)
+        try:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")):
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert proc.returncode == 143, stderr[-3000:]
+    lines = stderr.strip().splitlines()
+    assert "stopped by SIGTERM" in lines, stderr[-3000:]
+    step = read_tracker(out)
+    # (Ray forwards worker log lines at its own pace, so the line need not be the very last)
+    assert step >= 1 and (f"the run stopped; its last complete checkpoint is {out}/global_step_{step}: "
+                          "run the same command again to resume from it") in lines, stderr[-3000:]
