@@ -35,7 +35,8 @@ class DataError(ValueError):
 
 
 def read_rows(path: str) -> list[dict]:
-    """All rows of one ``.parquet`` or ``.jsonl``/``.json`` file as plain Python dicts/lists."""
+    """All rows of one ``.parquet``, ``.jsonl`` or ``.json`` (one row per line, or one array of
+    rows) file as plain Python dicts/lists."""
     if not os.path.exists(path):
         raise DataError(f"data file {path!r} does not exist: check data.train_files / data.val_files")
     ext = os.path.splitext(path)[1].lower()
@@ -44,6 +45,12 @@ def read_rows(path: str) -> list[dict]:
 
         # to_pylist keeps nested lists/structs as Python lists/dicts (pandas would give ndarrays).
         return pq.read_table(path).to_pylist()
+    if ext == ".json" and _starts_with(path, "["):  # one JSON array of rows, not one row per line
+        with open(path, encoding="utf-8") as f:
+            try:
+                return json.load(f)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {e.lineno} is not valid JSON ({e.msg})") from None
     if ext in (".jsonl", ".json"):
         rows = []
         with open(path, encoding="utf-8") as f:
@@ -56,7 +63,13 @@ def read_rows(path: str) -> list[dict]:
                     raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
                                      "jsonl files need one JSON object per line") from None
         return rows
-    raise DataError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet or .jsonl")
+    raise DataError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet, .jsonl or .json")
+
+
+def _starts_with(path: str, char: str) -> bool:
+    with open(path, encoding="utf-8") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(char)
 
 
 def _row_error(path: str, row: int, key: str, problem: str) -> DataError:

@@ -161,3 +161,18 @@ def test_bad_settings_and_files_fail_clearly(tmp_path, char_tokenizer):
         RLPromptDataset(str(tmp_path / "broken.jsonl"), char_tokenizer)
     with pytest.raises(ValueError, match="no prompts left"):
         RLPromptDataset(path, char_tokenizer, max_prompt_length=2)
+
+
+def test_a_json_array_file_reads_like_jsonl(tmp_path, char_tokenizer):
+    """``.json`` holding one array of rows (what json.dump writes) reads the same as one row per line."""
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps(ROWS, indent=2))
+    a = RLPromptDataset(str(array), char_tokenizer, max_prompt_length=12)
+    b = RLPromptDataset(write(ROWS, tmp_path / "d.jsonl"), char_tokenizer, max_prompt_length=12)
+    assert len(a) == len(b) == 3
+    for i in range(3):
+        assert torch.equal(a[i]["input_ids"], b[i]["input_ids"]) and a[i]["ground_truth"] == b[i]["ground_truth"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(ROWS, indent=2)[:-3])
+    with pytest.raises(DataError, match="broken.json: line .* is not valid JSON"):
+        RLPromptDataset(str(broken), char_tokenizer, max_prompt_length=12)
