@@ -131,6 +131,9 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if not val.do_sample and val.n > 1:
         errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
                       "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
+    if cfg.trainer.critic_warmup > 0 and not needs_critic(cfg):
+        errors.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} warms up a critic, but "
+                      f"algorithm.adv_estimator={alg.adv_estimator} runs none: set it to 0 or use gae")
     if cfg.trainer.placement == "separate" and not (
             needs_critic(cfg) or needs_reference(cfg) or cfg.reward_model.enable):
         errors.append("trainer.placement=separate but no critic, reference or reward model runs on "

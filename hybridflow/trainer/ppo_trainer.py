@@ -136,8 +136,9 @@ class PPOTrainer:
             if self.critic is not None:
                 with timer("update_critic", metrics):
                     metrics.update(_mean_dicts(self.critic.update_critic(batch)))
-            with timer("update_actor", metrics):
-                metrics.update(_mean_dicts(self.actor.update_actor(batch)))
+            if self.global_step > cfg.trainer.critic_warmup:  # first let the critic learn the returns
+                with timer("update_actor", metrics):
+                    metrics.update(_mean_dicts(self.actor.update_actor(batch)))
         metrics.update(data_metrics(batch, use_critic=self.critic is not None))
         metrics.update(throughput_metrics(batch, metrics, self.actor.world_size))
         return metrics

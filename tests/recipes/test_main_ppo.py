@@ -51,8 +51,10 @@ def _changed_tensors(initial_dir: str, trained_dir: str) -> list[str]:
     return [name for name in before if not torch.equal(before[name], after[name])]
 
 
-def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str, ...] = ()) -> dict[int, dict]:
-    """The assertions every successful recipe run must satisfy; returns the metrics by step."""
+def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str, ...] = (),
+              critic_warmup: int = 0) -> dict[int, dict]:
+    """The assertions every successful recipe run must satisfy; returns the metrics by step.
+    During ``critic_warmup`` steps the actor is not updated, so it logs no ``actor/`` metric."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-6000:]}"
     assert os.path.getsize(os.path.join(out_dir, "reward_curve.png")) > 0
     metrics = _read_metrics(out_dir)
@@ -60,7 +62,11 @@ def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str
     assert math.isfinite(metrics[0]["val/score/mean"])
     for step in range(1, STEPS + 1):
         row = metrics[step]
+        if step <= critic_warmup:
+            assert not [key for key in row if key.startswith("actor/")], (step, sorted(row))
         for key in STEP_METRICS + extra_metrics:
+            if step <= critic_warmup and key.startswith("actor/"):
+                continue
             assert key in row, f"step {step}: {key} missing from metrics.jsonl"
             assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), f"step {step}: {key}={row[key]}"
         assert row["training/rollout_probs_diff_max"] < PROBS_DIFF_TOL, row["training/rollout_probs_diff_max"]
@@ -104,15 +110,16 @@ def test_grpo_megatron_tp2_with_reward_model(recipe_assets, tmp_path):
 @pytest.mark.slow
 def test_ppo_with_critic_gae(recipe_assets, tmp_path):
     """Also: actor and critic in the replicated layout (fsdp_size=1: DDP, no sharding); the
-    actor's weights reach vLLM by a local copy."""
+    actor's weights reach vLLM by a local copy; one critic warm-up step (trainer.critic_warmup)."""
     out = str(tmp_path / "run")
     result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.model.fsdp_config.fsdp_size=1"])
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.model.fsdp_config.fsdp_size=1",
+        "trainer.critic_warmup=1"])
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean",
-                                       "critic/vf_explained_var"))
+                                       "critic/vf_explained_var"), critic_warmup=1)
     # GAE advantages are whitened over the batch (mean 0), unlike GRPO's per-group ones
     assert abs(metrics[1]["critic/advantages/mean"]) < 1e-4
 

@@ -119,6 +119,8 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__rollout__temperature=0.0), "actor_rollout_ref.rollout.temperature=0"),
     (dict(algorithm__adv_estimator="gae", critic__enable=False), "algorithm.adv_estimator=gae needs a critic"),
     (dict(reward_model__enable=True), "reward_model.enable=true needs reward_model.model.path"),
+    (dict(trainer__critic_warmup=2), "trainer.critic_warmup=2 warms up a critic, but algorithm.adv_estimator=grpo runs none"),
+    (dict(algorithm__adv_estimator="gae", trainer__critic_warmup=-1), "trainer.critic_warmup=-1 must be >= 0"),
     (dict(trainer__placement="separate", actor_rollout_ref__actor__use_kl_loss=False),
      "trainer.placement=separate but no critic, reference or reward model"),
     (dict(actor_rollout_ref__rollout__val_kwargs__n=4), "actor_rollout_ref.rollout.val_kwargs.n=4 with do_sample=false"),
