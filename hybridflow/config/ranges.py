@@ -100,6 +100,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("trainer.total_training_steps", t.total_training_steps, OPTIONAL_POSITIVE),
         _row("trainer.save_freq", t.save_freq, FREQ),
         _row("trainer.critic_warmup", t.critic_warmup, NON_NEGATIVE),
+        _row("trainer.log_val_generations", t.log_val_generations, NON_NEGATIVE),
         _row("trainer.test_freq", t.test_freq, FREQ),
         _row("trainer.max_actor_ckpt_to_keep", t.max_actor_ckpt_to_keep, OPTIONAL_POSITIVE),
         _row("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),

@@ -21,6 +21,7 @@ class TrainerConfig:
     save_freq: int = -1  # -1: no checkpoints during training
     test_freq: int = -1  # -1: no validation during training
     val_before_train: bool = True
+    log_val_generations: int = 0  # validation samples written as text per validation (val_generations.jsonl)
     critic_warmup: int = 0  # steps that update only the critic before the actor starts (PPO with GAE)
     default_local_dir: str = field(default="checkpoints/hybridflow/demo", metadata=PATH)
     resume_mode: str = "auto"  # auto | disable | a checkpoint directory path

@@ -21,6 +21,7 @@ from hybridflow.algorithms import apply_kl_penalty, compute_advantage, get_advan
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
+from hybridflow.trainer.val_generations import sample_rows, write_val_generations
 
 
 @contextmanager
@@ -176,8 +177,8 @@ class PPOTrainer:
 
     def validate(self) -> dict:
         """Greedy (by default) generation on the whole validation set; val/score/mean."""
-        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        scores, sources = [], []
+        vk, keep = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer.log_val_generations
+        scores, sources, samples = [], [], []
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -187,8 +188,13 @@ class PPOTrainer:
             out.meta_info.pop("metrics", None)
             rep = batch.repeat(vk.n, interleave=True)
             out.non_tensor_batch.update(rep.non_tensor_batch)
-            scores += self.score(out)[1]
+            batch_scores = self.score(out)[1]
+            if len(samples) < keep:
+                samples += sample_rows(out, batch_scores, self.tokenizer, keep - len(samples))
+            scores += batch_scores
             sources += list(rep.non_tensor_batch["data_source"])
+        if keep:
+            write_val_generations(self.cfg.trainer.default_local_dir, self.global_step, samples)
         result = {"val/score/mean": float(np.mean(scores))}
         for src in sorted(set(sources)):
             result[f"val/score/{src}/mean"] = float(np.mean([s for s, d in zip(scores, sources) if d == src]))

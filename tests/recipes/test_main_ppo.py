@@ -86,9 +86,16 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
     result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
         # 2 mini-batches per step: the second is off-policy, so clipping and ppo_kl are exercised
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "trainer.log_val_generations=3"])
     metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss",))
     assert metrics[1]["actor/ppo_kl"] != 0.0
+    # 3 validation samples as text at each validation (before training and at the last step)
+    with open(os.path.join(out, "val_generations.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    assert [s["step"] for s in samples] == [0, 0, 0, STEPS, STEPS, STEPS]
+    assert [s["input"] for s in samples[:3]] == [s["input"] for s in samples[3:]]  # the same prompts
+    assert all(s["input"].endswith("=") and 0.0 <= s["score"] <= 1.0 for s in samples), samples
 
 
 @pytest.mark.slow
