@@ -17,9 +17,11 @@ from hybridflow.config import ConfigError, cli_info, compose_config, derive, loa
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
+from hybridflow.trainer.checkpoint import CheckpointError
 
 # what a user's input can be wrong with, and the label of its one-line message
-INPUT_ERRORS = {ConfigError: "config error", DataError: "data error", RewardFunctionError: "config error"}
+INPUT_ERRORS = {ConfigError: "config error", DataError: "data error", RewardFunctionError: "config error",
+                CheckpointError: "checkpoint error"}
 
 
 def input_error_line(err: Exception) -> str:
@@ -65,12 +67,16 @@ class RunInputs:
 
 
 def read_inputs(cfg) -> RunInputs:
-    """Tokenizer, data sets (every row checked) and the reward function; raises one of
-    INPUT_ERRORS naming the file, row or key when one of them cannot be used."""
+    """Tokenizer, data sets (every row checked), the reward function, and the checkpoint to resume
+    from (complete, saved with this worker layout); raises one of INPUT_ERRORS naming the file,
+    row, key or checkpoint when one of them cannot be used."""
     from hybridflow.data import ResumablePromptLoader, RLPromptDataset
     from hybridflow.rewards import make_reward_manager
     from hybridflow.tiny import load_tokenizer
+    from hybridflow.trainer.checkpoint import open_resume
+    from hybridflow.trainer.ppo_trainer import worker_layout
 
+    open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
     data = cfg.data
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
     train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data)

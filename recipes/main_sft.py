@@ -7,6 +7,8 @@ import sys
 from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
+from hybridflow.trainer.checkpoint import CheckpointError, open_resume
+from hybridflow.trainer.sft_trainer import sft_worker_layout
 from recipes.main_ppo import (available_slots, input_error_line, ray_address_from_env, report_stop,
                               restore_sigterm, stop_on_sigterm)
 
@@ -15,6 +17,8 @@ def load_and_validate(argv):
     name, overrides = split_cli_args(argv, "sft")
     cfg = ray_address_from_env(load_sft_config(compose_config(name, overrides, schema=SFTConfig)))
     validate_sft(cfg, available_slots=available_slots(cfg))
+    # the checkpoint to resume from is complete and saved with this layout, before Ray starts
+    open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, sft_worker_layout(cfg))
     return cfg
 
 
@@ -90,7 +94,7 @@ def main(argv=None) -> int:
             print(info)
             return 0
         cfg = load_and_validate(argv)
-    except ConfigError as err:
+    except (ConfigError, CheckpointError) as err:
         print(input_error_line(err), file=sys.stderr)
         return 2
     try:

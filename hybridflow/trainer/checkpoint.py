@@ -134,6 +134,10 @@ def check_layout(path: str, saved: dict, current: dict) -> None:
     """Refuse to resume when the worker layout differs: each rank's files (optimizer shards,
     per-rank RNG streams) belong to one rank of one layout, so loading them elsewhere would be
     silently wrong or fail deep inside an engine."""
+    if saved and current and not set(saved) & set(current):
+        raise CheckpointError(f"checkpoint {path} was saved by another recipe (roles {sorted(saved)}; this run trains "
+                              f"{sorted(current)}): use another trainer.default_local_dir, or "
+                              "trainer.resume_mode=disable to start afresh there")
     diffs = [f"{role}.{key}: saved {saved.get(role, {}).get(key)!r}, now {current.get(role, {}).get(key)!r}"
              for role in sorted(set(saved) | set(current))
              for key in sorted(set(saved.get(role, {})) | set(current.get(role, {})))

@@ -214,18 +214,7 @@ class PPOTrainer:
                                 self.worker_layout(), t.max_actor_ckpt_to_keep)
 
     def worker_layout(self) -> dict:
-        """What each saved file's rank means: world sizes and parallel sizes per trained role."""
-        from hybridflow.config.derived import model_parallel
-
-        arr = self.cfg.actor_rollout_ref
-        tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
-        layout = {"actor_rollout_ref": {"world_size": self.actor.world_size, "strategy": arr.actor.strategy,
-                                        "tp": tp, "pp": pp, "rollout_tp": arr.rollout.tensor_model_parallel_size}}
-        if self.critic is not None:
-            c = self.cfg.critic
-            ctp, cpp = model_parallel(c.strategy, c.megatron)
-            layout["critic"] = {"world_size": self.critic.world_size, "strategy": c.strategy, "tp": ctp, "pp": cpp}
-        return layout
+        return worker_layout(self.cfg)
 
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer
@@ -254,3 +243,20 @@ def _progress(total: int, initial: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc="training", unit="step", disable=not enabled, dynamic_ncols=True)
+
+
+def worker_layout(cfg) -> dict:
+    """What each saved file's rank means: world sizes and parallel sizes per trained role, from the
+    config alone, so a resume into another layout is refused before any worker starts."""
+    from hybridflow.config.derived import derive, model_parallel
+
+    d, arr = derive(cfg), cfg.actor_rollout_ref
+    tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
+    layout = {"actor_rollout_ref": {"world_size": d.actor_world, "strategy": arr.actor.strategy,
+                                    "tp": tp, "pp": pp, "rollout_tp": arr.rollout.tensor_model_parallel_size}}
+    if d.use_critic:
+        c = cfg.critic
+        ctp, cpp = model_parallel(c.strategy, c.megatron)
+        layout["critic"] = {"world_size": d.critic_world, "strategy": c.strategy, "tp": ctp, "pp": cpp}
+    return layout
+

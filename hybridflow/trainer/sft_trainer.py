@@ -72,13 +72,7 @@ class SFTTrainer:
                                 self.worker_layout(), t.max_ckpt_to_keep)
 
     def worker_layout(self) -> dict:
-        from hybridflow.config.derived import model_parallel
-
-        m = self.cfg.model
-        tp, pp = model_parallel(m.strategy, m.megatron)
-        # fsdp_size is left out on purpose: DCP re-shards on load, so a run may resume replicated
-        # from a sharded checkpoint and back (tests/workers/engines/test_fsdp_engine.py)
-        return {"sft": {"world_size": self.group.world_size, "strategy": m.strategy, "tp": tp, "pp": pp}}
+        return sft_worker_layout(self.cfg)
 
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer
@@ -95,3 +89,15 @@ class SFTTrainer:
 
 def _first(results):
     return results[0] if isinstance(results, list) else results
+
+
+def sft_worker_layout(cfg) -> dict:
+    """The SFT run's worker layout from the config alone (see ppo_trainer.worker_layout)."""
+    from hybridflow.config.derived import model_parallel
+
+    m, t = cfg.model, cfg.trainer
+    tp, pp = model_parallel(m.strategy, m.megatron)
+    # fsdp_size is left out on purpose: DCP re-shards on load, so a run may resume replicated
+    # from a sharded checkpoint and back (tests/workers/engines/test_fsdp_engine.py)
+    return {"sft": {"world_size": t.nnodes * t.n_gpus_per_node, "strategy": m.strategy, "tp": tp, "pp": pp}}
+

@@ -104,7 +104,8 @@ def _trainer(tmp_path, world_size, *overrides):
     from hybridflow.config import compose_config, load_config
     from hybridflow.trainer.ppo_trainer import PPOTrainer
 
-    cfg = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path / 'run'}", *overrides]))
+    cfg = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path / 'run'}",
+                                              f"trainer.n_gpus_per_node={world_size}", *overrides]))
     loader = ResumablePromptLoader(list(range(24)), 8, seed=3, collate_fn=list)
     return PPOTrainer(cfg, {"actor_rollout_ref": FakeGroup(world_size)}, None, loader, None, None, None,
                       progress=False)
@@ -142,3 +143,24 @@ def test_trainer_refuses_a_checkpoint_of_another_worker_count_before_loading(tmp
     with pytest.raises(ckpt.CheckpointError, match=r"world_size: saved 2, now 1.*n_gpus_per_node"):
         other._maybe_resume()
     assert other.actor.loaded == [] and other.global_step == 0
+
+
+def test_a_mismatched_or_foreign_checkpoint_is_refused_from_the_config_alone(tmp_path):
+    """The recipes check the checkpoint they would resume from before Ray starts (exit 2, one
+    line): the layout comes from the config, not from running workers."""
+    from hybridflow.config import compose_config, load_config
+    from hybridflow.config.sft import load_sft_config
+    from hybridflow.trainer.sft_trainer import sft_worker_layout
+    from recipes.main_ppo import INPUT_ERRORS, read_inputs
+
+    trainer = _trainer(tmp_path, 2)
+    trainer.global_step = 2
+    trainer.save_checkpoint()
+    run = tmp_path / "run"
+    one = load_config(compose_config("grpo", [f"trainer.default_local_dir={run}", "trainer.n_gpus_per_node=1"]))
+    with pytest.raises(ckpt.CheckpointError, match="world_size: saved 2, now 1"):
+        read_inputs(one)  # first thing it checks, before the tokenizer and the data files
+    assert INPUT_ERRORS[ckpt.CheckpointError] == "checkpoint error"
+    sft = load_sft_config(compose_config("sft", [f"trainer.default_local_dir={run}", "trainer.resume_mode=auto"]))
+    with pytest.raises(ckpt.CheckpointError, match=r"saved by another recipe \(roles \['actor_rollout_ref'\]"):
+        ckpt.open_resume(str(run), "auto", sft_worker_layout(sft))
