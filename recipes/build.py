@@ -18,6 +18,7 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
     engine = EngineConfig(**actor_engine_kwargs(cfg, derived))
     ref = EngineConfig(**{**actor_engine_kwargs(cfg, derived),
                           "micro_batch_size_per_gpu": arr.ref.log_prob_micro_batch_size_per_gpu,
+                          "infer_micro_batch_size_per_gpu": arr.ref.log_prob_micro_batch_size_per_gpu,
                           "fsdp_size": arr.ref.fsdp_config.fsdp_size,
                           "forward_prefetch": arr.ref.fsdp_config.forward_prefetch,
                           "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward})

@@ -31,6 +31,7 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int = 4
+    forward_micro_batch_size_per_gpu: int | None = None  # values pass; null: ppo_micro_batch_size_per_gpu
     ppo_epochs: int | None = None  # None: actor.ppo_epochs
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"

@@ -132,7 +132,7 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
 
 
 def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_opt_steps, warmup, seed,
-                   fsdp_config):
+                   fsdp_config, infer_micro=None):
     tp, pp = model_parallel(strategy, megatron)
     return dict(
         strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
@@ -141,6 +141,7 @@ def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_o
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
         warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
         min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,
+        infer_micro_batch_size_per_gpu=infer_micro,
         gradient_checkpointing=model.enable_gradient_checkpointing,
         use_remove_padding=model.use_remove_padding, share_prompt_prefix=model.share_prompt_prefix, seed=seed)
 
@@ -152,7 +153,8 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     total = None if d.total_training_steps is None else d.total_training_steps * d.actor_optimizer_steps_per_step
     return _engine_kwargs(actor.strategy, actor.megatron, actor.param_dtype, actor.optim,
                           cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
-                          d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config)
+                          d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config,
+                          cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
@@ -160,7 +162,8 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     total = None if d.total_training_steps is None else d.total_training_steps * d.critic_optimizer_steps_per_step
     return _engine_kwargs(critic.strategy, critic.megatron, critic.param_dtype, critic.optim,
                           critic.model, critic.ppo_micro_batch_size_per_gpu, total,
-                          d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config)
+                          d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config,
+                          critic.forward_micro_batch_size_per_gpu)
 
 
 # rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling

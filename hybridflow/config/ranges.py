@@ -85,6 +85,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
              arr.ref.log_prob_micro_batch_size_per_gpu, POSITIVE),
         _row("critic.ppo_mini_batch_size", c.ppo_mini_batch_size, OPTIONAL_POSITIVE),
         _row("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu, POSITIVE),
+        _row("critic.forward_micro_batch_size_per_gpu", c.forward_micro_batch_size_per_gpu, OPTIONAL_POSITIVE),
         _row("critic.ppo_epochs", c.ppo_epochs, OPTIONAL_POSITIVE),
         _row("critic.cliprange_value", c.cliprange_value, GREATER_THAN_0),
         *optim_rows("critic.optim", c.optim),

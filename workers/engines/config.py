@@ -48,7 +48,15 @@ class EngineConfig:
     # one all-gather per layer per call instead of one per forward and backward of every
     # micro-batch, for a full copy of the parameters on every rank meanwhile. See fsdp_layout.py
     reshard_after_forward: bool = True
+    # Rows per forward-only pass (log-probs, values); None: micro_batch_size_per_gpu. verl's
+    # rollout.log_prob_micro_batch_size_per_gpu (the actor's old log-probs) and
+    # critic.forward_micro_batch_size_per_gpu: no backward, so it may be larger than training's.
+    infer_micro_batch_size_per_gpu: int | None = None
     seed: int = 0
+
+    @property
+    def infer_micro(self) -> int:
+        return self.infer_micro_batch_size_per_gpu or self.micro_batch_size_per_gpu
 
     def validate(self) -> "EngineConfig":
         """Raise ValueError naming the offending field and how to fix it; return self if valid."""
@@ -90,4 +98,7 @@ class EngineConfig:
             bad("fsdp_size", self.fsdp_size, "it only applies to strategy='fsdp'; leave it at -1")
         if not isinstance(self.micro_batch_size_per_gpu, int) or self.micro_batch_size_per_gpu < 1:
             bad("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, "use a positive integer")
+        infer = self.infer_micro_batch_size_per_gpu
+        if infer is not None and (not isinstance(infer, int) or infer < 1):
+            bad("infer_micro_batch_size_per_gpu", infer, "use a positive integer, or None for micro_batch_size_per_gpu")
         return self

@@ -213,7 +213,7 @@ class FSDPEngine:
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def _infer(self, data, temperature: float, calculate_entropy: bool, what: str) -> dict[str, Tensor]:
-        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
+        micros = split_micro_batches(data, self.config.infer_micro)
         self._check_same_micro_count(len(micros), what)
         self.model.eval()
         with self._gathered():

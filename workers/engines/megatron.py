@@ -173,8 +173,8 @@ class MegatronEngine:
         out = {k: torch.nn.functional.pad(v, pad) for k, v in out.items()}
         return {k: torch.where(resp_real, v, torch.zeros_like(v)) for k, v in out.items()}
 
-    def _plan(self, data):
-        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu)
+    def _plan(self, data, micro_batch_size: int):
+        micros = split_micro_batches(data, micro_batch_size)
         resp_len = data.batch["responses"].shape[1]
         prompt_len = data.batch["input_ids"].shape[1] - resp_len
         spans = [active_span(m.batch["attention_mask"], prompt_len) for m in micros]
@@ -186,7 +186,7 @@ class MegatronEngine:
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def _infer(self, data, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
-        micros, spans, shape_of = self._plan(data)
+        micros, spans, shape_of = self._plan(data, self.config.infer_micro)
         self.model.eval()
 
         def step(i: int, hidden: Tensor | None):
@@ -236,7 +236,7 @@ class MegatronEngine:
         meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
         data = compact_rows(data, skip_rows, dp_group, self.device)
         rows = len(data) if data is not None else 0
-        micros, spans, shape_of = self._plan(data) if rows else ([], [], None)
+        micros, spans, shape_of = self._plan(data, self.config.micro_batch_size_per_gpu) if rows else ([], [], None)
         info = data.meta_info if data is not None else {}
         temperature = float(info.get("temperature", 1.0))
         calculate_entropy = bool(info.get("calculate_entropy", False))

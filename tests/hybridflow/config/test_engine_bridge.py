@@ -56,6 +56,26 @@ def test_weight_sync_bucket_reaches_the_actor_worker():
     assert settings.reshard_bucket_bytes == 8 << 20
 
 
+def test_forward_only_micro_batch_sizes_reach_each_engine():
+    """verl's keys for the forward-only passes: the actor's old log-probs
+    (rollout.log_prob_micro_batch_size_per_gpu), the reference's, and the critic's values."""
+    build = pytest.importorskip("recipes.build")
+    cfg = load_config({"algorithm": {"adv_estimator": "gae"},
+                       "actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 2},
+                                             "rollout": {"log_prob_micro_batch_size_per_gpu": 16},
+                                             "ref": {"log_prob_micro_batch_size_per_gpu": 4}},
+                       "critic": {"ppo_micro_batch_size_per_gpu": 2, "forward_micro_batch_size_per_gpu": 8},
+                       "trainer": {"n_gpus_per_node": 2}})
+    d = derive(cfg, dataset_len=64)
+    settings = build.actor_settings(cfg, d, ("actor", "rollout", "ref"))
+    assert (settings.actor.micro_batch_size_per_gpu, settings.actor.infer_micro) == (2, 16)
+    assert settings.ref.infer_micro == 4
+    critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d))
+    assert (critic.micro_batch_size_per_gpu, critic.infer_micro) == (2, 8)
+    default = load_config({"algorithm": {"adv_estimator": "gae"}, "critic": {"ppo_micro_batch_size_per_gpu": 2}})
+    assert engine_config.EngineConfig(**critic_engine_kwargs(default, derive(default, dataset_len=64))).infer_micro == 2
+
+
 def test_fsdp_config_reaches_actor_ref_and_critic_engines():
     build = pytest.importorskip("recipes.build")
     cfg = load_config({"algorithm": {"adv_estimator": "gae"},
