@@ -26,4 +26,7 @@ class DataConfig:
     apply_chat_template: bool | None = None  # None: when the tokenizer has a template
     shuffle: bool = True
     seed: int = 0
+    # verl's key (verl re-templates the raw chat for a reward model with its own tokenizer), kept
+    # so verl commands run. Here the reward model shares the actor's tokenizer and every row
+    # carries its raw chat anyway (raw_prompt): true or false changes nothing
     return_raw_chat: bool = False
