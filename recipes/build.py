@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, read_model_config, rollout_engine_kwargs
+from hybridflow.config.derived import log_prob_token_budget
 from hybridflow.controller import RayClassWithInitArgs
 from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
 from workers.critic import CriticSettings, CriticWorker
@@ -19,6 +20,7 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
     ref = EngineConfig(**{**actor_engine_kwargs(cfg, derived),
                           "micro_batch_size_per_gpu": arr.ref.log_prob_micro_batch_size_per_gpu,
                           "infer_micro_batch_size_per_gpu": arr.ref.log_prob_micro_batch_size_per_gpu,
+                          "infer_max_token_len_per_gpu": log_prob_token_budget(cfg, arr.ref),
                           "fsdp_size": arr.ref.fsdp_config.fsdp_size,
                           "forward_prefetch": arr.ref.fsdp_config.forward_prefetch,
                           "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward})

@@ -27,6 +27,9 @@ class ActorConfig:
     strategy: str = "fsdp"  # fsdp | megatron
     ppo_mini_batch_size: int = 4  # prompts per optimizer step (x rollout.n sequences)
     ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward on one worker
+    # micro-batches by token budget instead of row count (workers/engines/token_budget.py)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384  # padded tokens per micro-batch with use_dynamic_bsz
     ppo_epochs: int = 1
     # auto: skip the separate old-log-prob forward when the update is strictly on-policy (one
     # optimizer step per batch: ppo_epochs 1, one mini-batch, no KL in the reward); always: always run it
@@ -83,6 +86,8 @@ class RolloutConfig:
     dtype: str = "auto"  # auto (the actor's param_dtype) | float32 | bfloat16 | float16
     free_cache_engine: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
+    log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     # weight sync: full-size HF tensors alive at once per worker (verl's key)
     update_weights_bucket_megabytes: int = 64
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
@@ -91,6 +96,8 @@ class RolloutConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
+    log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # with actor.strategy=fsdp
 
 

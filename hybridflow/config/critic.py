@@ -32,6 +32,9 @@ class CriticConfig:
     ppo_mini_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int = 4
     forward_micro_batch_size_per_gpu: int | None = None  # values pass; null: ppo_micro_batch_size_per_gpu
+    use_dynamic_bsz: bool = False  # micro-batches by token budget (workers/engines/token_budget.py)
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int | None = None  # values pass; null: ppo_max_token_len_per_gpu
     ppo_epochs: int | None = None  # None: actor.ppo_epochs
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"

@@ -132,7 +132,7 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
 
 
 def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_opt_steps, warmup, seed,
-                   fsdp_config, infer_micro=None):
+                   fsdp_config, infer_micro=None, max_tokens=None, infer_max_tokens=None):
     tp, pp = model_parallel(strategy, megatron)
     return dict(
         strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
@@ -141,9 +141,21 @@ def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_o
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
         warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
         min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,
-        infer_micro_batch_size_per_gpu=infer_micro,
+        infer_micro_batch_size_per_gpu=infer_micro, max_token_len_per_gpu=max_tokens,
+        infer_max_token_len_per_gpu=infer_max_tokens,
         gradient_checkpointing=model.enable_gradient_checkpointing,
         use_remove_padding=model.use_remove_padding, share_prompt_prefix=model.share_prompt_prefix, seed=seed)
+
+
+def log_prob_token_budget(cfg: RootConfig, section) -> int | None:
+    """The token budget of a log-prob pass (``rollout`` or ``ref`` section, verl's
+    ``log_prob_use_dynamic_bsz`` / ``log_prob_max_token_len_per_gpu``; null follows the actor's
+    ``use_dynamic_bsz`` / ``ppo_max_token_len_per_gpu``), or None for fixed-size micro-batches."""
+    actor = cfg.actor_rollout_ref.actor
+    use = actor.use_dynamic_bsz if section.log_prob_use_dynamic_bsz is None else section.log_prob_use_dynamic_bsz
+    if not use:
+        return None
+    return section.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
 
 
 def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
@@ -154,7 +166,9 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     return _engine_kwargs(actor.strategy, actor.megatron, actor.param_dtype, actor.optim,
                           cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
                           d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config,
-                          cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
+                          cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
+                          actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+                          log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout))
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
@@ -163,7 +177,10 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     return _engine_kwargs(critic.strategy, critic.megatron, critic.param_dtype, critic.optim,
                           critic.model, critic.ppo_micro_batch_size_per_gpu, total,
                           d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config,
-                          critic.forward_micro_batch_size_per_gpu)
+                          critic.forward_micro_batch_size_per_gpu,
+                          critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
+                          (critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)
+                          if critic.use_dynamic_bsz else None)
 
 
 # rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling

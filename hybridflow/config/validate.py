@@ -14,7 +14,7 @@ from typing import Any
 
 from hybridflow.config.derived import (
     LR_SCHEDULERS, PARAM_DTYPES, ROLLOUT_DTYPES, ROLLOUT_NAMES, STRATEGIES, derive,
-    estimator_needs_critic, model_parallel, needs_critic, needs_reference,
+    estimator_needs_critic, log_prob_token_budget, model_parallel, needs_critic, needs_reference,
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import RESUME_MODES
@@ -232,17 +232,40 @@ def batch_errors(cfg: RootConfig) -> list[str]:
     divisible by dp)."""
     d = derive(cfg)
     arr, train, n = cfg.actor_rollout_ref, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    # with use_dynamic_bsz the token budget cuts micro-batches and the row count is not used
     errors = _minibatch_errors("actor", arr.actor.ppo_mini_batch_size,
                                f"{ARR}.actor.ppo_mini_batch_size",
-                               arr.actor.ppo_micro_batch_size_per_gpu,
+                               1 if arr.actor.use_dynamic_bsz else arr.actor.ppo_micro_batch_size_per_gpu,
                                f"{ARR}.actor.ppo_micro_batch_size_per_gpu", train, n, d.actor_dp)
     if d.use_critic:
         mini_key = ("critic.ppo_mini_batch_size" if cfg.critic.ppo_mini_batch_size
                     else f"critic.ppo_mini_batch_size (= {ARR}.actor.ppo_mini_batch_size)")
         errors += _minibatch_errors("critic", d.critic_mini_batch_size, mini_key,
-                                    cfg.critic.ppo_micro_batch_size_per_gpu,
+                                    1 if cfg.critic.use_dynamic_bsz else cfg.critic.ppo_micro_batch_size_per_gpu,
                                     "critic.ppo_micro_batch_size_per_gpu", train, n, d.critic_dp)
-    return errors
+    return errors + token_budget_errors(cfg)
+
+
+def token_budget_errors(cfg: RootConfig) -> list[str]:
+    """With use_dynamic_bsz a micro-batch must hold at least one whole sequence (verl's rule)."""
+    arr, c, data = cfg.actor_rollout_ref, cfg.critic, cfg.data
+    seq = data.max_prompt_length + data.max_response_length
+    budgets = [(f"{ARR}.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu,
+                arr.actor.use_dynamic_bsz)]
+    for key, section in ((f"{ARR}.rollout", arr.rollout), (f"{ARR}.ref", arr.ref)):
+        budget = log_prob_token_budget(cfg, section)
+        if budget is not None:
+            name = ("log_prob_max_token_len_per_gpu" if section.log_prob_max_token_len_per_gpu
+                    else "log_prob_max_token_len_per_gpu (= actor.ppo_max_token_len_per_gpu)")
+            budgets.append((f"{key}.{name}", budget, True))
+    if needs_critic(cfg):
+        budgets.append(("critic.ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu, c.use_dynamic_bsz))
+        if c.forward_max_token_len_per_gpu:
+            budgets.append(("critic.forward_max_token_len_per_gpu", c.forward_max_token_len_per_gpu,
+                            c.use_dynamic_bsz))
+    return [f"{key}={budget} must hold one whole sequence with use_dynamic_bsz: at least "
+            f"data.max_prompt_length + data.max_response_length = {seq}"
+            for key, budget, used in budgets if used and budget < seq]
 
 
 def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: int | None) -> None:

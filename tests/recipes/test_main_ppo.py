@@ -135,7 +135,8 @@ def test_ppo_with_critic_gae(recipe_assets, tmp_path):
 def test_remax(recipe_assets, tmp_path):
     """Also: batches that do not split evenly over the 2 generation workers (3 prompts, and
     validation in batches of 3 with 2 sampled responses each) come back with the right rows; a
-    verl-style logger list without jsonl still writes metrics.jsonl and the reward curve."""
+    verl-style logger list without jsonl still writes metrics.jsonl and the reward curve; token-
+    budget micro-batches (use_dynamic_bsz)."""
     out = str(tmp_path / "run")
     result = run_main_ppo("remax", recipe_assets.overrides(out) + [
         "data.train_batch_size=3", "actor_rollout_ref.rollout.n=2",
@@ -143,7 +144,9 @@ def test_remax(recipe_assets, tmp_path):
         "data.val_batch_size=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # a replicated reference next to a sharded actor
-        "trainer.logger=[console]"])
+        "trainer.logger=[console]",
+        # micro-batches by token budget (verl's use_dynamic_bsz) in the update and the log-prob passes
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=128"])
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("timing_s/gen_max", "actor/reward_kl_penalty", "timing_s/ref"))
     # step 1 samples from the reference weights (KL exactly 0); after one update the k1 estimate

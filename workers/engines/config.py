@@ -52,6 +52,11 @@ class EngineConfig:
     # rollout.log_prob_micro_batch_size_per_gpu (the actor's old log-probs) and
     # critic.forward_micro_batch_size_per_gpu: no backward, so it may be larger than training's.
     infer_micro_batch_size_per_gpu: int | None = None
+    # verl's use_dynamic_bsz: micro-batches of at most this many padded tokens instead of a row
+    # count (workers/engines/token_budget.py); None: micro_batch_size_per_gpu rows. Training and
+    # forward-only passes each have their own.
+    max_token_len_per_gpu: int | None = None
+    infer_max_token_len_per_gpu: int | None = None
     seed: int = 0
 
     @property
@@ -101,4 +106,8 @@ class EngineConfig:
         infer = self.infer_micro_batch_size_per_gpu
         if infer is not None and (not isinstance(infer, int) or infer < 1):
             bad("infer_micro_batch_size_per_gpu", infer, "use a positive integer, or None for micro_batch_size_per_gpu")
+        for name in ("max_token_len_per_gpu", "infer_max_token_len_per_gpu"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                bad(name, value, "use a positive token count, or None for fixed-size micro-batches")
         return self

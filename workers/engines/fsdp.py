@@ -41,12 +41,13 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
-                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac, split_micro_batches)
+                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac)
 from workers.engines import fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state, load_scheduler_state
+from workers.engines.token_budget import micro_batches
 
 ROLES = ("actor", "ref", "critic")
 
@@ -213,7 +214,8 @@ class FSDPEngine:
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def _infer(self, data, temperature: float, calculate_entropy: bool, what: str) -> dict[str, Tensor]:
-        micros = split_micro_batches(data, self.config.infer_micro)
+        micros = micro_batches(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu,
+                               device=self.device)
         self._check_same_micro_count(len(micros), what)
         self.model.eval()
         with self._gathered():
@@ -247,7 +249,8 @@ class FSDPEngine:
         meta = mini_batch_meta(data, self.dp_size, None, self.device)
         data = compact_rows(data, skip_rows, None, self.device)
         rows = len(data) if data is not None else 0
-        micros = split_micro_batches(data, self.config.micro_batch_size_per_gpu) if rows else []
+        micros = (micro_batches(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu,
+                                device=self.device) if rows else [])
         self._check_same_micro_count(len(micros), "train_batch")
         info = data.meta_info if data is not None else {}
         temperature = float(info.get("temperature", 1.0))

@@ -29,13 +29,14 @@ from torch import Tensor
 from hybridflow import device as hf_device
 from hybridflow import shm_group
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
-                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac, split_micro_batches)
+                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac)
 from workers.engines import prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
 from workers.engines.megatron_state import GradientSync, load_sharded, save_sharded
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
+from workers.engines.token_budget import micro_batches
 from workers.models.convert import export_hf, load_stage
 from workers.models.layout import ModelDims
 from workers.models.transformer import PARAM_DTYPES, MegatronCausalLM, SharedPrompts, parallel_config
@@ -173,8 +174,8 @@ class MegatronEngine:
         out = {k: torch.nn.functional.pad(v, pad) for k, v in out.items()}
         return {k: torch.where(resp_real, v, torch.zeros_like(v)) for k, v in out.items()}
 
-    def _plan(self, data, micro_batch_size: int):
-        micros = split_micro_batches(data, micro_batch_size)
+    def _plan(self, data, micro_batch_size: int, max_tokens: int | None):
+        micros = micro_batches(data, micro_batch_size, max_tokens, ps.get_data_parallel_group(), self.device)
         resp_len = data.batch["responses"].shape[1]
         prompt_len = data.batch["input_ids"].shape[1] - resp_len
         spans = [active_span(m.batch["attention_mask"], prompt_len) for m in micros]
@@ -186,7 +187,7 @@ class MegatronEngine:
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def _infer(self, data, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
-        micros, spans, shape_of = self._plan(data, self.config.infer_micro)
+        micros, spans, shape_of = self._plan(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu)
         self.model.eval()
 
         def step(i: int, hidden: Tensor | None):
@@ -236,7 +237,7 @@ class MegatronEngine:
         meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
         data = compact_rows(data, skip_rows, dp_group, self.device)
         rows = len(data) if data is not None else 0
-        micros, spans, shape_of = self._plan(data, self.config.micro_batch_size_per_gpu) if rows else ([], [], None)
+        micros, spans, shape_of = self._plan(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu) if rows else ([], [], None)
         info = data.meta_info if data is not None else {}
         temperature = float(info.get("temperature", 1.0))
         calculate_entropy = bool(info.get("calculate_entropy", False))

@@ -119,6 +119,12 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__rollout__temperature=0.0), "actor_rollout_ref.rollout.temperature=0"),
     (dict(algorithm__adv_estimator="gae", critic__enable=False), "algorithm.adv_estimator=gae needs a critic"),
     (dict(reward_model__enable=True), "reward_model.enable=true needs reward_model.model.path"),
+    (dict(actor_rollout_ref__actor__use_dynamic_bsz=True, actor_rollout_ref__actor__ppo_max_token_len_per_gpu=20,
+          data__max_prompt_length=16, data__max_response_length=8),
+     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20 must hold one whole sequence with use_dynamic_bsz: "
+     "at least data.max_prompt_length + data.max_response_length = 24"),
+    (dict(actor_rollout_ref__actor__use_dynamic_bsz=True, actor_rollout_ref__rollout__log_prob_max_token_len_per_gpu=10),
+     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=10 must hold one whole sequence"),
     (dict(trainer__critic_warmup=2), "trainer.critic_warmup=2 warms up a critic, but algorithm.adv_estimator=grpo runs none"),
     (dict(algorithm__adv_estimator="gae", trainer__critic_warmup=-1), "trainer.critic_warmup=-1 must be >= 0"),
     (dict(trainer__placement="separate", actor_rollout_ref__actor__use_kl_loss=False),
@@ -136,6 +142,14 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
 ])
 def test_rule_names_its_key(run_dir, overrides, needle):
     assert needle in error_of(grpo(**overrides))
+
+
+def test_dynamic_bsz_replaces_the_micro_batch_row_rule(run_dir):
+    """With use_dynamic_bsz the token budget cuts micro-batches: a row count that does not divide
+    the rank's share is not an error (verl ignores ppo_micro_batch_size_per_gpu then)."""
+    assert "ppo_micro_batch_size_per_gpu=3 must divide" in error_of(grpo(actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=3))
+    validate(grpo(actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=3, actor_rollout_ref__actor__use_dynamic_bsz=True),
+             available_slots=2)
 
 
 def test_critic_batch_rules_use_the_critic_sizes(run_dir):

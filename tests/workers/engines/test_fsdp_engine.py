@@ -234,6 +234,23 @@ def _gathered_scenario(rank, world, ckpt):
     return out
 
 
+def _token_budget_scenario(rank, world, ckpt):
+    """use_dynamic_bsz: micro-batches by a token budget (a different number of rows each, counts
+    evened out across the ranks) give the log-probs and the step of fixed 2-row micro-batches."""
+    from workers.engines.fsdp import FSDPEngine
+    from workers.engines.token_budget import token_budget_micro_batches
+
+    first, second = (_share(make_grouped_rl_batch(ROWS // 2, 2, P, R, VOCAB, seed=s), rank, world) for s in (14, 15))
+    budget = 3 * (P + R) // 2  # one or two rows per micro-batch, depending on their spans
+    out = {"micro_rows": [len(m) for m in token_budget_micro_batches(first, budget, device=torch.device("cpu"))]}
+    for name, kwargs in (("fixed", {}), ("budget", dict(max_token_len_per_gpu=budget, infer_max_token_len_per_gpu=budget))):
+        engine = FSDPEngine(_config(micro_batch_size_per_gpu=2, **kwargs), ckpt, "actor")
+        before = engine.compute_log_prob(first, TEMP)[0]
+        metrics = engine.train_batch(first, policy_gradient_loss)
+        out[name] = (before, metrics, engine.compute_log_prob(second, TEMP)[0], _full_weights(engine, rank))
+    return out
+
+
 def _all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
@@ -246,6 +263,7 @@ def _all_scenarios(rank, world, checkpoints, root):
     out["prefix_replicated"] = _prefix_scenario(rank, world, checkpoints["qwen2"], fsdp_size=1)
     out["prefetch"] = _prefetch_scenario(rank, world, checkpoints["qwen2"])
     out["gathered"] = _gathered_scenario(rank, world, checkpoints["qwen2"])
+    out["token_budget"] = _token_budget_scenario(rank, world, checkpoints["qwen2"])
     out["cross_layout"] = _cross_layout_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "cross"))
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them
@@ -495,3 +513,18 @@ def test_keeping_gathered_parameters_through_a_call_changes_no_number(engine_run
     run = engine_runs["results"][0]["gathered"]
     for name, param in run[True][4].items():
         assert torch.equal(run[False][4][name], param), name
+
+
+def test_token_budget_micro_batches_take_the_same_step(engine_runs):
+    runs = [r["token_budget"] for r in engine_runs["results"]]
+    # the budget really cut uneven micro-batches, and the same number on both ranks
+    assert len({len(run["micro_rows"]) for run in runs}) == 1 and any(len(set(r["micro_rows"])) > 1 for r in runs)
+    for run in runs:
+        fixed, budget = run["fixed"], run["budget"]
+        torch.testing.assert_close(budget[0], fixed[0], atol=1e-5, rtol=0)
+        assert budget[1]["pg_loss"] == pytest.approx(fixed[1]["pg_loss"], abs=1e-6)
+        assert budget[1]["grad_norm"] == pytest.approx(fixed[1]["grad_norm"], rel=1e-5)
+        torch.testing.assert_close(budget[2], fixed[2], atol=1e-5, rtol=0)
+        for name, param in (fixed[3] or {}).items():  # rank 0 gathers the full weights
+            assert torch.allclose(budget[3][name], param, atol=1e-6, rtol=0), name
+

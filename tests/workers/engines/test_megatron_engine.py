@@ -141,6 +141,14 @@ def _scenario(rank, world, ckpt, workdir):
                     res[f"{label}_metrics{step}"] = trained.train_batch(
                         part, make_actor_loss_fn(objective), skip_rows=objective.inert_rows(part.batch) if skip else None)
                     res[f"{label}_weights{step}"] = _weights(trained, rank)
+            # use_dynamic_bsz: micro-batches of uneven rows through the pipeline, counts evened over DP
+            budget_batch, budget = _batch(7), 3 * (P + R) // 2
+            for label, kwargs in (("fixed", {}), ("budget", dict(max_token_len_per_gpu=budget,
+                                                                infer_max_token_len_per_gpu=budget))):
+                trained = MegatronEngine(_config(tp, pp, **kwargs), ckpt, "actor")
+                part = _share(budget_batch, trained)
+                res[f"{label}_budget"] = (trained.compute_log_prob(part, TEMP)[0],
+                                          trained.train_batch(part, _entropy_pg_loss), _weights(trained, rank))
         if name == "tp2dp2":
             try:
                 engine.load_checkpoint(os.path.join(workdir, "ckpt"))
@@ -339,3 +347,16 @@ def test_skipping_zero_advantage_rows_takes_the_same_step(run):
     for step in (1, 2):
         for name, param in res[f"full_weights{step}"].items():
             assert torch.allclose(res[f"skip_weights{step}"][name], param, atol=1e-6, rtol=0), (step, name)
+
+
+def test_token_budget_micro_batches_take_the_same_step(run):
+    """PP=2 x DP=2 with use_dynamic_bsz: the same log-probs, loss and weights as 2-row micro-batches."""
+    for rank, rank_result in enumerate(run["results"]):
+        res = rank_result["pp2dp2"]
+        (lp_fixed, step_fixed, w_fixed), (lp_budget, step_budget, w_budget) = res["fixed_budget"], res["budget_budget"]
+        torch.testing.assert_close(lp_budget, lp_fixed, atol=1e-5, rtol=0)
+        assert step_budget["grad_norm"] == pytest.approx(step_fixed["grad_norm"], rel=1e-5)
+        assert step_budget["pg_loss"] == pytest.approx(step_fixed["pg_loss"], abs=1e-6)
+        for name, param in (w_fixed or {}).items():
+            assert torch.allclose(w_budget[name], param, atol=1e-6, rtol=0), name
+
