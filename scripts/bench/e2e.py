@@ -11,6 +11,7 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python   # + TRL ratio
     .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=bf16
     .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
+    .venv/bin/python scripts/bench/e2e.py --micro-batch 8 --dynamic-bsz-too 1536  # token-budget micro-batches
     .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
     .venv/bin/python scripts/bench/e2e.py --shm-too ...            # also with HYBRIDFLOW_SHM_COLLECTIVES=1
 
@@ -182,6 +183,9 @@ def parse_args(argv):
     p.add_argument("--shm-too", action="store_true",
                    help="also run ours with HYBRIDFLOW_SHM_COLLECTIVES=1 (Megatron TP all-reduces through "
                         "shared memory, hybridflow/shm_group.py), otherwise as the main run")
+    p.add_argument("--dynamic-bsz-too", type=int, default=0, metavar="TOKENS",
+                   help="also run with actor.use_dynamic_bsz=true and this ppo_max_token_len_per_gpu (micro-"
+                        "batches by token budget in the update and the log-prob passes), otherwise as the main run")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -222,6 +226,11 @@ def main(argv=None) -> int:
                 if args.no_skip_too and not MODES[mode]:  # the equal-work pair: every row computed
                     no_share += ("actor_rollout_ref.actor.skip_zero_advantage=false",)
                 entry["hybridflow_no_share"] = run_ours(args, paths, size, mode, no_share, "-noshare")
+            if args.dynamic_bsz_too:  # the "hybridflow" run again, micro-batches by token budget
+                entry["hybridflow_dynamic_bsz"] = run_ours(
+                    args, paths, size, mode, ("actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                              f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz_too}"),
+                    "-dynbsz")
             if args.shm_too:  # the "hybridflow" run again, shared-memory TP all-reduces on
                 entry["hybridflow_shm"] = run_ours(args, paths, size, mode, (), "-shm",
                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "1"})
@@ -232,6 +241,9 @@ def main(argv=None) -> int:
                 entry["trl"] = TRL_QUOTED[mode]
                 entry["trl_source"] = "issue 6 figures, NOT measured here"
             ours, trl = entry["hybridflow"].get("step_s"), (entry.get("trl") or {}).get("step_s")
+            dynamic = entry.get("hybridflow_dynamic_bsz", {}).get("step_s")
+            if ours and dynamic:
+                entry["dynamic_bsz_to_fixed"] = round(dynamic / ours, 3)
             if ours and trl:
                 entry["ratio_to_trl"] = round(ours / trl, 3)
                 entry["goal_ratio"] = 0.5
