@@ -12,10 +12,13 @@ from hybridflow.algorithms.masked import masked_mean, masked_var
 def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> Tensor:
     """1 - Var[returns - values] / Var[returns] over valid tokens: 1 = the critic predicts the
     returns perfectly, 0 = no better than a constant, < 0 = worse. nan when the returns are constant
-    (the ratio is undefined), rather than an arbitrary number."""
+    (the ratio is undefined), rather than an arbitrary number. "Constant" includes spreads at
+    rounding level, below a standard deviation of 1e-6 or 1e-5 of the returns' own size: a PPO
+    run whose rewards were all 0 logged -1e14 here before."""
     var_returns = masked_var(returns.float(), response_mask)
     var_residual = masked_var((returns - values).float(), response_mask)
-    if var_returns == 0:
+    scale = masked_mean(returns.float().square(), response_mask)
+    if var_returns <= max(1e-10 * scale, 1e-12):
         return torch.tensor(float("nan"))
     return 1.0 - var_residual / var_returns
 

@@ -105,6 +105,10 @@ def test_diagnostics_hand_computed():
     # residual [0,0,0,1]: var (ddof=1) 0.25; returns [1,2,3,4]: var 5/3
     assert explained_variance(values, returns, mask).item() == pytest.approx(1 - 0.25 / (5 / 3))
     assert math.isnan(explained_variance(values, torch.ones(2, 3), mask).item())
+    # returns equal up to fp32 rounding count as constant too, not as a ratio of -1e14
+    noise = torch.tensor([[0.0, 1e-8, -1e-8], [2e-8, 0.0, 0.0]])
+    assert math.isnan(explained_variance(values, noise, mask).item())
+    assert math.isnan(explained_variance(values, 1000.0 + noise * 1e5, mask).item())  # std 1e-3 on 1000
     old = torch.zeros(1, 4)
     new = torch.tensor([[math.log(0.5), math.log(1.1), math.log(1.5), 0.0]])
     kl = approx_kl(new, old, torch.ones(1, 4))
