@@ -272,4 +272,3 @@ def cli_info(argv: Sequence[str], default_config_name: str, usage: str,
 
     name, overrides = split_cli_args(args[:at] + args[at + 2:], default_config_name)
     return OmegaConf.to_yaml(compose_config(name, overrides, schema=schema)).rstrip()
-

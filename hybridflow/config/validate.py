@@ -371,4 +371,3 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
     if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
         logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
                        "its values are not used", cfg.algorithm.adv_estimator)
-

@@ -93,4 +93,3 @@ class Tracker:
 
     def __exit__(self, *exc) -> None:
         self.finish()
-

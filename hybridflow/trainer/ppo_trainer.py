@@ -259,4 +259,3 @@ def worker_layout(cfg) -> dict:
         ctp, cpp = model_parallel(c.strategy, c.megatron)
         layout["critic"] = {"world_size": d.critic_world, "strategy": c.strategy, "tp": ctp, "pp": cpp}
     return layout
-

@@ -227,10 +227,9 @@ def main(argv=None) -> int:
                     no_share += ("actor_rollout_ref.actor.skip_zero_advantage=false",)
                 entry["hybridflow_no_share"] = run_ours(args, paths, size, mode, no_share, "-noshare")
             if args.dynamic_bsz_too:  # the "hybridflow" run again, micro-batches by token budget
-                entry["hybridflow_dynamic_bsz"] = run_ours(
-                    args, paths, size, mode, ("actor_rollout_ref.actor.use_dynamic_bsz=true",
-                                              f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz_too}"),
-                    "-dynbsz")
+                budget = ("actor_rollout_ref.actor.use_dynamic_bsz=true",
+                          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz_too}")
+                entry["hybridflow_dynamic_bsz"] = run_ours(args, paths, size, mode, budget, "-dynbsz")
             if args.shm_too:  # the "hybridflow" run again, shared-memory TP all-reduces on
                 entry["hybridflow_shm"] = run_ours(args, paths, size, mode, (), "-shm",
                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "1"})

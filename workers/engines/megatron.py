@@ -237,7 +237,10 @@ class MegatronEngine:
         meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
         data = compact_rows(data, skip_rows, dp_group, self.device)
         rows = len(data) if data is not None else 0
-        micros, spans, shape_of = self._plan(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu) if rows else ([], [], None)
+        micros, spans, shape_of = [], [], None
+        if rows:
+            micros, spans, shape_of = self._plan(data, self.config.micro_batch_size_per_gpu,
+                                                 self.config.max_token_len_per_gpu)
         info = data.meta_info if data is not None else {}
         temperature = float(info.get("temperature", 1.0))
         calculate_entropy = bool(info.get("calculate_entropy", False))

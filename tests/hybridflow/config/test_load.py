@@ -204,4 +204,3 @@ def test_help_and_cfg_job_print_instead_of_running():
         cli_info(["--cfg", "hydra"], "ppo", "")
     with pytest.raises(ConfigError, match="did you mean 'model.path'"):
         cli_info(["--cfg", "job", "model.pth=x"], "sft", "", schema=SFTConfig)
-

@@ -527,4 +527,3 @@ def test_token_budget_micro_batches_take_the_same_step(engine_runs):
         torch.testing.assert_close(budget[2], fixed[2], atol=1e-5, rtol=0)
         for name, param in (fixed[3] or {}).items():  # rank 0 gathers the full weights
             assert torch.allclose(budget[3][name], param, atol=1e-6, rtol=0), name
-

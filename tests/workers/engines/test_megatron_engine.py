@@ -359,4 +359,3 @@ def test_token_budget_micro_batches_take_the_same_step(run):
         assert step_budget["pg_loss"] == pytest.approx(step_fixed["pg_loss"], abs=1e-6)
         for name, param in (w_fixed or {}).items():
             assert torch.allclose(w_budget[name], param, atol=1e-6, rtol=0), name
-
