@@ -63,16 +63,24 @@ def check_generation_tp(tp_size: int, world_size: int, num_attention_heads: int)
 
 
 _ENGINES_IN_PROCESS = 0
+_VLLM_INIT_CPU_SHM = None  # vLLM's own _CPUSHMDistributed._init_cpu_shm, once wrapped
 
 
 def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
-    """Give vLLM's CPU shared-memory TP communicator a name unique to this world and engine.
+    """Give vLLM's CPU shared-memory TP communicator a name unique to this world and engine, and
+    leave nothing behind in /dev/shm.
 
     vLLM derives the name from the init method, which under external_launcher is always
-    "env://", so two worlds on one machine, two TP engines in one process, or a segment left in
-    /dev/shm by a killed run all collide (``create shm in SHMManager failed. errno: 17``).
-    MASTER_PORT identifies the world (same on all its ranks, distinct between live worlds); the
-    ordinal separates engines built one after another in the same processes.
+    "env://", so two worlds on one machine or two TP engines in one process collide
+    (``create shm in SHMManager failed. errno: 17``). MASTER_PORT identifies the world (same on
+    all its ranks, distinct between live worlds); the ordinal separates engines built one after
+    another in the same processes.
+
+    vLLM never unlinks its segments (4 MiB per rank and engine), so they also piled up in
+    /dev/shm across runs, holding RAM, until a later world drew a port already used and
+    collided with a dead one's segment. Each rank now removes a stale segment of its name before
+    creating it (no live world shares the name), and unlinks its own once every rank has joined:
+    the mappings stay valid and the memory is freed when the engine's processes exit.
     """
     from vllm.distributed.device_communicators import cpu_communicator
 
@@ -82,7 +90,26 @@ def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
         ranks = "-".join(str(r) for r in communicator.ranks)
         return f"{world_id}-{communicator.unique_name}-[{ranks}]-cpushm"
 
-    cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+    shm_distributed = cpu_communicator._CPUSHMDistributed
+    shm_distributed.make_group_name = staticmethod(make_group_name)
+    global _VLLM_INIT_CPU_SHM
+    if _VLLM_INIT_CPU_SHM is None:
+        _VLLM_INIT_CPU_SHM = shm_distributed._init_cpu_shm
+        shm_distributed._init_cpu_shm = _init_cpu_shm_unlinked
+
+
+def _unlink_shm(name: str) -> None:
+    # vLLM's SHMManager shm_open()s "<group name>_<rank in group>", which Linux keeps in /dev/shm
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join("/dev/shm", name))
+
+
+def _init_cpu_shm_unlinked(self) -> int:
+    own_segment = f"{self.group_name}_{self.communicator.rank}"
+    _unlink_shm(own_segment)
+    handle = _VLLM_INIT_CPU_SHM(self)  # ends with a barrier after every rank joined every segment
+    _unlink_shm(own_segment)
+    return handle
 
 
 class _NoTokenizerWarnings(logging.Filter):

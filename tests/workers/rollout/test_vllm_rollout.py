@@ -50,6 +50,20 @@ def _rollout_worker(rank, world, tp, models):
     from workers.rollout.vllm_rollout import VLLMRollout
     from workers.rollout.vllm_weight_sync import PER_SYNC_INFO_LOGGERS
 
+    import glob
+
+    from workers.rollout import vllm_rollout
+
+    world_shm = f"/dev/shm/hf{os.environ['MASTER_PORT']}e"
+
+    def plant_stale_shm_segment():
+        """What a killed run with the same port leaves: vLLM's CPU TP all-reduce names its segments
+        after the world and engine, and creating one that exists failed ("errno: 17"). Only the
+        process's first engine creates the TP group; later ones share vLLM's."""
+        if tp == 2 and vllm_rollout._ENGINES_IN_PROCESS == 0 and os.path.isdir("/dev/shm"):
+            with open(f"{world_shm}{vllm_rollout._ENGINES_IN_PROCESS + 1}-tp:0-[0-1]-cpushm_{rank}", "wb") as f:
+                f.write(bytes(64))
+
     results, engines = {}, []
     for name, (old_path, new_path, stop_first) in models.items():
         errors = {}
@@ -57,6 +71,7 @@ def _rollout_worker(rank, world, tp, models):
             VLLMRollout(_config(3), old_path)
         except ValueError as e:
             errors["tp"] = str(e)
+        plant_stale_shm_segment()
         rollout = VLLMRollout(_config(tp, _live_weights(tp, name)), old_path)
         # keep every engine alive: an engine's teardown destroys vLLM's process-wide parallel
         # groups, which the next engine in this process shares
@@ -91,6 +106,8 @@ def _rollout_worker(rank, world, tp, models):
         result["greedy_new"] = run(do_sample=False)
         result["sample_new"] = run(n=4, temperature=1.0)
         results[name] = result
+        # every rank has unlinked its segments once the group joined them; nothing stays behind
+        result["shm_left"] = sorted(glob.glob(f"{world_shm}*"))  # planted or vLLM's
     return results
 
 
@@ -147,6 +164,7 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
         assert all(r["quiet_syncs"])  # no INFO line per weight sync, even after the engine's build
         assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
         assert "rollout.prompt_length=12" in r["errors"]["prompt"]
+        assert r["shm_left"] == []  # a stale segment of the engine's name is replaced, its own unlinked
     if tp == 2:  # both ranks of one TP group return the same tokens
         assert (results[0]["sample"]["responses"] == results[1]["sample"]["responses"]).all()
     eos, pad = hf.eos_token_ids, hf.pad_token_id
