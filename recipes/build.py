@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, read_model_config, rollout_engine_kwargs
-from hybridflow.config.derived import log_prob_token_budget
+from hybridflow.config.derived import log_prob_token_budget, offload_kwargs
 from hybridflow.controller import RayClassWithInitArgs
 from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
 from workers.critic import CriticSettings, CriticWorker
@@ -23,7 +23,8 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
                           "infer_max_token_len_per_gpu": log_prob_token_budget(cfg, arr.ref),
                           "fsdp_size": arr.ref.fsdp_config.fsdp_size,
                           "forward_prefetch": arr.ref.fsdp_config.forward_prefetch,
-                          "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward})
+                          "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward,
+                          **offload_kwargs(a.strategy, arr.ref.fsdp_config, arr.ref.megatron)})
     objective = ActorObjective(clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
                                clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
                                entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,

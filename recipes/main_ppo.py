@@ -79,13 +79,14 @@ def read_inputs(cfg) -> RunInputs:
     open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
     data = cfg.data
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
-    train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data)
-    val_ds = RLPromptDataset.from_config(data.val_files, tokenizer, data) if data.val_files else None
+    train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data, data.train_max_samples)
+    val_ds = (RLPromptDataset.from_config(data.val_files, tokenizer, data, data.val_max_samples)
+              if data.val_files else None)
     train_loader = ResumablePromptLoader(train_ds, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
     val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
                   if val_ds is not None else None)
     reward = make_reward_manager(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                 cfg.custom_reward_function.reward_kwargs)
+                                 cfg.custom_reward_function.reward_kwargs, manager=cfg.reward_model.reward_manager)
     return RunInputs(tokenizer, derive(cfg, dataset_len=len(train_ds)), train_loader, val_loader, reward)
 
 
@@ -128,8 +129,9 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
                          progress=sys.stderr.isatty() or bool(os.environ.get("HYBRIDFLOW_PROGRESS")))
     try:
         history = trainer.fit()
-        hf_dir = os.path.join(t.default_local_dir, "hf")
-        groups["actor_rollout_ref"].save_hf(hf_dir)
+        hf_dir = None if t.val_only else os.path.join(t.default_local_dir, "hf")
+        if hf_dir:
+            groups["actor_rollout_ref"].save_hf(hf_dir)
         plot = plot_metrics(os.path.join(t.default_local_dir, METRICS_FILE),
                             os.path.join(t.default_local_dir, "reward_curve.png"))
     finally:
@@ -231,7 +233,11 @@ def main(argv=None) -> int:
         summary = run(cfg, inputs)
     except (Exception, KeyboardInterrupt) as err:  # a broken reward function, a dead worker, Ctrl-C
         return report_stop(cfg, err)
-    print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
+    if cfg.trainer.val_only:
+        scores = {k: round(v, 4) for k, v in summary["history"][-1].items() if k.startswith("val/")}
+        print(f"done: validation only, at step {summary['steps']}: {scores}")
+    else:
+        print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
     return 0
 
 

@@ -9,7 +9,7 @@ vice versa, and a resumed run reproduces both streams.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -58,6 +58,11 @@ def _call(obj, method: str) -> None:
         fn()
 
 
+def _params_on_device(engine):
+    fn = getattr(engine, "params_on_device", None)
+    return fn() if callable(fn) else nullcontext()
+
+
 @contextmanager
 def generate_mode(engine, rollout, weights: WeightSource, metrics: dict | None = None,
                   rng: RNGStreams | None = None, stats: TransferStats | None = None,
@@ -78,11 +83,14 @@ def generate_mode(engine, rollout, weights: WeightSource, metrics: dict | None =
         rng.to_generation()
     try:
         _call(rollout, "resume_memory")
-        stream = iter(weights())
-        try:
-            rollout.update_weights(stream)
-        finally:
-            drain(stream)  # peers block in the stream's collectives until every rank finishes it
+        # the stream reads the engine's parameters: on the device even where they rest in host
+        # memory between calls (param_offload)
+        with _params_on_device(engine):
+            stream = iter(weights())
+            try:
+                rollout.update_weights(stream)
+            finally:
+                drain(stream)  # peers block in the stream's collectives until every rank finishes it
         if offload_engine:
             _call(engine, "offload")
         device.synchronize()

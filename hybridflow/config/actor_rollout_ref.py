@@ -49,6 +49,8 @@ class ActorConfig:
     # them: the same step (the loss is normalised over the whole mini-batch), less compute
     skip_zero_advantage: bool = True
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights)
+    grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
+    ulysses_sequence_parallel_size: int = 1  # verl's key; only 1 (no sequence parallelism)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -82,6 +84,11 @@ class RolloutConfig:
     # (workers/rollout/vllm_weight_sync.py); false saves that copy of the weights in RAM
     cpu_live_weights: bool = True
     max_num_seqs: int = 256
+    # vLLM's scheduler: tokens per engine step (None: vLLM's default for the device) and
+    # whether a long prompt's prefill may be split over steps (off: the budget must hold
+    # prompt + response)
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
     enforce_eager: bool = True
     dtype: str = "auto"  # auto (the actor's param_dtype) | float32 | bfloat16 | float16
     free_cache_engine: bool = True
@@ -94,11 +101,20 @@ class RolloutConfig:
 
 
 @dataclass
+class RefMegatronConfig:
+    """With ``actor.strategy=megatron`` the reference policy has the actor's parallel sizes; verl's
+    ``ref.megatron.param_offload`` is the one key of its own (see ``FSDPConfig``)."""
+
+    param_offload: bool = False
+
+
+@dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # with actor.strategy=fsdp
+    megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)  # with actor.strategy=megatron
 
 
 @dataclass

@@ -41,16 +41,25 @@ class FSDPConfig:
     the gathers overlap compute (see workers/engines/fsdp_layout.py); on GPU FSDP2 does this itself.
     ``reshard_after_forward`` (sharded layouts): false keeps each layer's gathered parameters until
     the engine call ends (a training step: every micro-batch's forward and backward), so each layer
-    is all-gathered once per call; costs a full copy of the parameters per rank meanwhile."""
+    is all-gathered once per call; costs a full copy of the parameters per rank meanwhile.
+    ``param_offload`` / ``optimizer_offload`` (verl's keys): on a GPU, the parameters / the
+    optimizer state rest in host memory between engine calls (workers/engines/offload.py), the
+    usual choice for a frozen reference policy; on CPU there is nothing to move."""
 
     fsdp_size: int = -1
     forward_prefetch: bool = True
     reshard_after_forward: bool = True
+    param_offload: bool = False
+    optimizer_offload: bool = False
 
 
 @dataclass
 class MegatronConfig:
-    """Only read when ``strategy == "megatron"``; fsdp requires both to stay 1."""
+    """Only read when ``strategy == "megatron"``; fsdp requires the sizes to stay 1.
+    ``param_offload`` / ``optimizer_offload``: as in :class:`FSDPConfig` (verl keeps them here
+    for Megatron; the optimizer state includes the fp32 master weights of a bf16 model)."""
 
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    param_offload: bool = False
+    optimizer_offload: bool = False

@@ -39,4 +39,5 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     param_dtype: str = "fp32"
+    grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -21,6 +21,8 @@ class DataConfig:
     max_response_length: int = 16
     train_batch_size: int = 8
     val_batch_size: int | None = None
+    train_max_samples: int = -1  # the first N prompts of train_files (after length filtering); -1: all
+    val_max_samples: int = -1
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right (only when not filtering)
     apply_chat_template: bool | None = None  # None: when the tokenizer has a template

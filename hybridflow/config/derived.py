@@ -132,19 +132,27 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
 
 
 def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_opt_steps, warmup, seed,
-                   fsdp_config, infer_micro=None, max_tokens=None, infer_max_tokens=None):
+                   fsdp_config, infer_micro=None, max_tokens=None, infer_max_tokens=None, grad_clip=None):
     tp, pp = model_parallel(strategy, megatron)
     return dict(
         strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
         fsdp_size=fsdp_config.fsdp_size, forward_prefetch=fsdp_config.forward_prefetch,
         reshard_after_forward=fsdp_config.reshard_after_forward,
+        **offload_kwargs(strategy, fsdp_config, megatron),
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
         warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
-        min_lr_ratio=optim.min_lr_ratio, grad_clip=optim.clip_grad, micro_batch_size_per_gpu=micro,
+        min_lr_ratio=optim.min_lr_ratio, micro_batch_size_per_gpu=micro,
+        grad_clip=optim.clip_grad if grad_clip is None else grad_clip,  # verl has both keys
         infer_micro_batch_size_per_gpu=infer_micro, max_token_len_per_gpu=max_tokens,
         infer_max_token_len_per_gpu=infer_max_tokens,
         gradient_checkpointing=model.enable_gradient_checkpointing,
         use_remove_padding=model.use_remove_padding, share_prompt_prefix=model.share_prompt_prefix, seed=seed)
+
+
+def offload_kwargs(strategy: str, fsdp_config, megatron) -> dict:
+    """verl's ``param_offload`` / ``optimizer_offload``, read from the strategy's own node."""
+    node = megatron if strategy == "megatron" else fsdp_config
+    return dict(param_offload=node.param_offload, optimizer_offload=getattr(node, "optimizer_offload", False))
 
 
 def log_prob_token_budget(cfg: RootConfig, section) -> int | None:
@@ -168,7 +176,7 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
                           d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config,
                           cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
                           actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-                          log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout))
+                          log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout), actor.grad_clip)
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
@@ -180,7 +188,7 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
                           critic.forward_micro_batch_size_per_gpu,
                           critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
                           (critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)
-                          if critic.use_dynamic_bsz else None)
+                          if critic.use_dynamic_bsz else None, critic.grad_clip)
 
 
 # rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling
@@ -199,5 +207,6 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         tensor_model_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
         cpu_live_weights=r.cpu_live_weights,
-        max_num_seqs=r.max_num_seqs, enforce_eager=r.enforce_eager, dtype=dtype,
+        max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+        enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager, dtype=dtype,
         seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)

@@ -19,6 +19,7 @@ OPTIONAL_GT_0 = (lambda v: v is None or v > 0, "null or > 0")
 UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
 OPEN_UNIT = (lambda v: 0 < v <= 1, "in (0, 1]")
 FREQ = (lambda v: v == -1 or v >= 1, "-1 (off) or a positive number of steps")
+MAX_SAMPLES = (lambda v: v == -1 or v >= 1, "-1 (all) or a positive number of prompts")
 TOP_K = (lambda v: v == -1 or v >= 1, "-1 (off) or a positive integer")
 
 
@@ -54,6 +55,8 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("data.max_response_length", d.max_response_length, POSITIVE),
         _row("data.train_batch_size", d.train_batch_size, POSITIVE),
         _row("data.val_batch_size", d.val_batch_size, OPTIONAL_POSITIVE),
+        _row("data.train_max_samples", d.train_max_samples, MAX_SAMPLES),
+        _row("data.val_max_samples", d.val_max_samples, MAX_SAMPLES),
         ("data.prompt_key", d.prompt_key, bool, "a column name"),
         _row(f"{A}.ppo_mini_batch_size", a.ppo_mini_batch_size, POSITIVE),
         _row(f"{A}.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu, POSITIVE),
@@ -75,6 +78,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row(f"{R}.gpu_memory_utilization", r.gpu_memory_utilization, OPEN_UNIT),
         _row(f"{R}.kv_cache_gib", r.kv_cache_gib, GREATER_THAN_0),
         _row(f"{R}.max_num_seqs", r.max_num_seqs, POSITIVE),
+        _row(f"{R}.max_num_batched_tokens", r.max_num_batched_tokens, OPTIONAL_POSITIVE),
         _row(f"{R}.update_weights_bucket_megabytes", r.update_weights_bucket_megabytes, POSITIVE),
         _row(f"{R}.log_prob_micro_batch_size_per_gpu", r.log_prob_micro_batch_size_per_gpu, POSITIVE),
         _row(f"{R}.val_kwargs.n", v.n, POSITIVE),

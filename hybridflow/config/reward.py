@@ -16,6 +16,9 @@ class RewardModelModelConfig:
 @dataclass
 class RewardModelConfig:
     enable: bool = False
+    # how custom_reward_function is called: naive (once per response) | batch (once per batch,
+    # with lists; hybridflow/rewards/manager.py). verl keeps this key here too.
+    reward_manager: str = "naive"
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size_per_gpu: int = 8
 

@@ -21,9 +21,14 @@ class TrainerConfig:
     save_freq: int = -1  # -1: no checkpoints during training
     test_freq: int = -1  # -1: no validation during training
     val_before_train: bool = True
+    # order each step's rows so the data-parallel ranks get similar token counts, a prompt's
+    # samples kept together (hybridflow/trainer/balance.py)
+    balance_batch: bool = True
+    val_only: bool = False  # validate the model (or the checkpoint resumed) and stop, no training
     log_val_generations: int = 0  # validation samples written as text per validation (val_generations.jsonl)
     critic_warmup: int = 0  # steps that update only the critic before the actor starts (PPO with GAE)
     default_local_dir: str = field(default="checkpoints/hybridflow/demo", metadata=PATH)
+    default_hdfs_dir: str | None = None  # verl's key; only null (no HDFS upload)
     resume_mode: str = "auto"  # auto | disable | a checkpoint directory path
     max_actor_ckpt_to_keep: int | None = None  # None: keep all
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])

@@ -20,6 +20,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import range_errors
 from hybridflow.config.root import RootConfig
+from hybridflow.config.verl_keys import rollout_errors, unsupported_errors
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if errors:  # the checks below divide by these values
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
-    errors = algorithm_errors(cfg) + parallel
+    errors = algorithm_errors(cfg) + rollout_errors(cfg) + unsupported_errors(cfg) + parallel
     if not parallel:  # the batch rules divide by the data-parallel sizes
         errors += batch_errors(cfg)
     if check_paths:
@@ -78,6 +79,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
     from hybridflow.algorithms import (
         ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
     )
+    from hybridflow.rewards.manager import REWARD_MANAGERS
     from hybridflow.tracking.tracker import BACKENDS
 
     a, r, c, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic, cfg.trainer
@@ -101,6 +103,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ("data.truncation", cfg.data.truncation, TRUNCATION_MODES),
         ("trainer.device", t.device, DEVICES),
         ("trainer.placement", t.placement, PLACEMENTS),
+        ("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS),
     ]
     errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
     errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
@@ -124,6 +127,9 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if est.needs_groups and r.temperature == 0:
         errors.append(f"algorithm.adv_estimator={alg.adv_estimator} with {ARR}.rollout.temperature=0 "
                       "samples identical responses (all advantages 0): use a temperature > 0")
+    if cfg.reward_model.reward_manager == "batch" and not cfg.custom_reward_function.path:
+        errors.append("reward_model.reward_manager=batch calls custom_reward_function with whole lists: "
+                      "set custom_reward_function.path (the built-in scorers score one response at a time)")
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         errors.append("reward_model.enable=true needs reward_model.model.path (an HF "
                       "sequence-classification checkpoint)")
@@ -131,6 +137,8 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if not val.do_sample and val.n > 1:
         errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
                       "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
+    if cfg.trainer.val_only and not cfg.data.val_files:
+        errors.append("trainer.val_only=true needs data.val_files to validate on")
     if cfg.trainer.critic_warmup > 0 and not needs_critic(cfg):
         errors.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} warms up a critic, but "
                       f"algorithm.adv_estimator={alg.adv_estimator} runs none: set it to 0 or use gae")

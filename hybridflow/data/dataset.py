@@ -177,7 +177,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
 
     def __init__(self, files: str | Sequence[str], tokenizer, *, prompt_key: str = "prompt",
                  max_prompt_length: int = 512, filter_overlong_prompts: bool = True,
-                 truncation: str = "error", apply_chat_template: bool | None = None):
+                 truncation: str = "error", apply_chat_template: bool | None = None, max_samples: int = -1):
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         files = [os.fspath(f) for f in files]
@@ -194,7 +194,11 @@ class RLPromptDataset(torch.utils.data.Dataset):
         self._rows: list[dict] = []
         self._ids: list[list[int]] = []
         for path in files:
+            if len(self._rows) == max_samples:
+                break
             for i, row in enumerate(read_rows(path)):
+                if len(self._rows) == max_samples:  # verl's *_max_samples: the first kept rows
+                    break
                 validate_row(row, path, i, prompt_key)
                 ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
                 if len(ids) > max_prompt_length:
@@ -221,9 +225,11 @@ class RLPromptDataset(torch.utils.data.Dataset):
                              f"{max_prompt_length}: raise it")
 
     @classmethod
-    def from_config(cls, files: str | Sequence[str], tokenizer, config: Any) -> "RLPromptDataset":
-        """Build from a data config (a mapping or an object with verl's key names)."""
-        return cls(files, tokenizer,
+    def from_config(cls, files: str | Sequence[str], tokenizer, config: Any,
+                    max_samples: int = -1) -> "RLPromptDataset":
+        """Build from a data config (a mapping or an object with verl's key names); ``max_samples``
+        (``data.train_max_samples`` / ``val_max_samples``) keeps the first kept rows, -1 all."""
+        return cls(files, tokenizer, max_samples=max_samples,
                    prompt_key=_setting(config, "prompt_key", "prompt"),
                    max_prompt_length=_setting(config, "max_prompt_length", 512),
                    filter_overlong_prompts=_setting(config, "filter_overlong_prompts", True),

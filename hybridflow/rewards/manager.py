@@ -52,11 +52,23 @@ def _as_score(result: Any) -> tuple[float, dict[str, Any]]:
     return score, extra
 
 
-class RewardManager:
-    """Calls `compute_score(data_source, solution_str, ground_truth, extra_info)` per sample."""
+REWARD_MANAGERS = ("naive", "batch")
 
-    def __init__(self, compute_score: ComputeScoreFn | None = None, max_logged_errors: int = 3):
+
+class RewardManager:
+    """Calls `compute_score(data_source, solution_str, ground_truth, extra_info)` per sample
+    (verl's ``naive`` manager), or once per batch with lists (``batched``, verl's ``batch``:
+    `compute_score(data_sources, solution_strs, ground_truths, extra_infos)` returns one result
+    per sample, for scorers that vectorise or call a service once). A batch call that raises
+    fails the step, since no sample of it has a score."""
+
+    def __init__(self, compute_score: ComputeScoreFn | None = None, max_logged_errors: int = 3,
+                 batched: bool = False):
+        if batched and compute_score is None:
+            raise RewardFunctionError("reward_model.reward_manager=batch calls custom_reward_function with "
+                                      "whole lists: set custom_reward_function.path")
         self.compute_score = compute_score or default_compute_score
+        self.batched = batched
         self.max_logged_errors = max_logged_errors
         self._logged_errors = 0  # over this manager's lifetime, so a bad function cannot flood logs
 
@@ -75,14 +87,16 @@ class RewardManager:
         if bad:
             raise ValueError(f"reward: response length {bad[0]} outside [0, max_response_length={max_response_length}]")
 
+        results = (self._call_batched(responses, data_sources, ground_truths, extra_infos) if self.batched
+                   else [lambda i=i: self.compute_score(data_source=data_sources[i], solution_str=responses[i],
+                                                        ground_truth=ground_truths[i], extra_info=extra_infos[i])
+                         for i in range(batch)])
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
         errors, first_error = 0, None
-        for i in range(batch):
+        for i, result in enumerate(results):
             try:
-                score, extra = _as_score(self.compute_score(
-                    data_source=data_sources[i], solution_str=responses[i],
-                    ground_truth=ground_truths[i], extra_info=extra_infos[i]))
+                score, extra = _as_score(result())
             except Exception as exc:
                 errors += 1
                 first_error = first_error or exc
@@ -106,6 +120,23 @@ class RewardManager:
         extra_columns = {k: [extra.get(k) for extra in extras] for k in keys}
         return RewardResult(token_level_scores, scores, extra_columns,
                             self._metrics(scores, data_sources, extra_columns, errors))
+
+    def _call_batched(self, responses, data_sources, ground_truths, extra_infos) -> list:
+        """One call for the batch; one thunk per sample, so each result is checked like a
+        per-sample one (a malformed entry scores 0.0 and counts in reward/errors)."""
+        try:
+            results = self.compute_score(data_sources=list(data_sources), solution_strs=list(responses),
+                                         ground_truths=list(ground_truths), extra_infos=list(extra_infos))
+        except Exception as exc:
+            raise RewardFunctionError(f"the batch reward function raised {type(exc).__name__}: {exc}; fix "
+                                      "custom_reward_function or use reward_model.reward_manager=naive") from exc
+        if isinstance(results, Tensor):
+            results = results.tolist()
+        if not isinstance(results, Sequence) or isinstance(results, str) or len(results) != len(responses):
+            got = f"{len(results)} results" if isinstance(results, Sequence) else type(results).__name__
+            raise RewardFunctionError(f"reward_model.reward_manager=batch: the reward function returned {got} "
+                                      f"for {len(responses)} responses; return one score (or dict) per response")
+        return [lambda r=r: r for r in results]
 
     def _log_error(self, index: int, data_source: Any, exc: Exception) -> None:
         if self._logged_errors < self.max_logged_errors:
@@ -133,8 +164,10 @@ class RewardManager:
 
 def make_reward_manager(custom_path: str | None = None, custom_name: str = "compute_score",
                         reward_kwargs: dict[str, Any] | None = None,
-                        max_logged_errors: int = 3) -> RewardManager:
+                        max_logged_errors: int = 3, manager: str = "naive") -> RewardManager:
     """From the `custom_reward_function` config group: the user's function when `path` is set,
-    else the built-in dispatcher by data_source."""
+    else the built-in dispatcher by data_source; `manager` is `reward_model.reward_manager`."""
+    if manager not in REWARD_MANAGERS:
+        raise ValueError(f"reward_model.reward_manager={manager!r} is unknown: use one of {REWARD_MANAGERS}")
     fn = load_reward_function(custom_path, custom_name, reward_kwargs) if custom_path else None
-    return RewardManager(fn, max_logged_errors=max_logged_errors)
+    return RewardManager(fn, max_logged_errors=max_logged_errors, batched=manager == "batch")

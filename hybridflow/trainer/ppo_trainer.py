@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from hybridflow.algorithms import apply_kl_penalty, compute_advantage, get_advantage_estimator, make_kl_controller
+from hybridflow.config.derived import model_parallel
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.val_generations import sample_rows, write_val_generations
 
@@ -55,6 +57,8 @@ class PPOTrainer:
                           and actor.ppo_mini_batch_size == cfg.data.train_batch_size and not algo.use_kl_in_reward)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
+        tp, pp = model_parallel(actor.strategy, actor.megatron)
+        self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
         self.total_steps = self._total_steps()
 
@@ -68,10 +72,12 @@ class PPOTrainer:
         t = self.cfg.trainer
         self._maybe_resume()
         history = []
-        if self.val_loader is not None and t.val_before_train and self.global_step == 0:
+        if self.val_loader is not None and (t.val_only or (t.val_before_train and self.global_step == 0)):
             val = self.validate()
-            self.tracker.log(val, step=0)
-            history.append({"step": 0, **val})
+            self.tracker.log(val, step=self.global_step)
+            history.append({"step": self.global_step, **val})
+        if t.val_only:  # verl's evaluation run: the model, or the checkpoint resumed, and stop
+            return history
         bar = _progress(self.total_steps, self.global_step, self.progress)
         while self.global_step < self.total_steps:
             batch = DataProto.from_single_dict(self.train_loader.next_batch())
@@ -115,6 +121,12 @@ class PPOTrainer:
             batch = batch.repeat(n, interleave=True)
             batch.pop(["input_ids", "attention_mask", "position_ids"])
             batch.union(gen_out)
+            if cfg.trainer.balance_batch:  # even the tokens each data-parallel rank computes
+                order, balance_metrics = balanced_order(batch.batch["attention_mask"].sum(-1),
+                                                        batch.non_tensor_batch["uid"], self.actor_dp)
+                batch = batch.reorder(order)
+                baselines = None if baselines is None else baselines[order]
+                metrics.update(balance_metrics)
 
             with timer("reward", metrics):
                 token_scores, _, reward_metrics = self.score(batch)

@@ -186,6 +186,9 @@ def parse_args(argv):
     p.add_argument("--dynamic-bsz-too", type=int, default=0, metavar="TOKENS",
                    help="also run with actor.use_dynamic_bsz=true and this ppo_max_token_len_per_gpu (micro-"
                         "batches by token budget in the update and the log-prob passes), otherwise as the main run")
+    p.add_argument("--no-balance-too", action="store_true",
+                   help="also run with trainer.balance_batch=false (rows dealt to the ranks in generation "
+                        "order), otherwise as the main run")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -230,6 +233,9 @@ def main(argv=None) -> int:
                 budget = ("actor_rollout_ref.actor.use_dynamic_bsz=true",
                           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.dynamic_bsz_too}")
                 entry["hybridflow_dynamic_bsz"] = run_ours(args, paths, size, mode, budget, "-dynbsz")
+            if args.no_balance_too:  # the "hybridflow" run again, rows in generation order
+                entry["hybridflow_no_balance"] = run_ours(args, paths, size, mode, ("trainer.balance_batch=false",),
+                                                          "-nobalance")
             if args.shm_too:  # the "hybridflow" run again, shared-memory TP all-reduces on
                 entry["hybridflow_shm"] = run_ours(args, paths, size, mode, (), "-shm",
                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "1"})
@@ -243,6 +249,9 @@ def main(argv=None) -> int:
             dynamic = entry.get("hybridflow_dynamic_bsz", {}).get("step_s")
             if ours and dynamic:
                 entry["dynamic_bsz_to_fixed"] = round(dynamic / ours, 3)
+            unbalanced = entry.get("hybridflow_no_balance", {}).get("step_s")
+            if ours and unbalanced:
+                entry["balanced_to_unbalanced"] = round(ours / unbalanced, 3)
             if ours and trl:
                 entry["ratio_to_trl"] = round(ours / trl, 3)
                 entry["goal_ratio"] = 0.5

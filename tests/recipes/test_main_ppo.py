@@ -97,6 +97,15 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
     assert [s["input"] for s in samples[:3]] == [s["input"] for s in samples[3:]]  # the same prompts
     assert all(s["input"].endswith("=") and 0.0 <= s["score"] <= 1.0 for s in samples), samples
 
+    # trainer.val_only on the exported model: greedy validation reproduces the last one, no training
+    evaluation = str(tmp_path / "val_only")
+    result = run_main_ppo("grpo", recipe_assets.overrides(evaluation) + [
+        f"actor_rollout_ref.model.path={out}/hf", "trainer.val_only=true", "trainer.val_before_train=false"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "done: validation only, at step 0" in result.stdout
+    assert list(_read_metrics(evaluation)) == [0] and not os.path.exists(os.path.join(evaluation, "hf"))
+    assert _read_metrics(evaluation)[0]["val/score/mean"] == metrics[STEPS]["val/score/mean"]
+
 
 @pytest.mark.slow
 def test_grpo_megatron_tp2_with_reward_model(recipe_assets, tmp_path):

@@ -1,6 +1,8 @@
 """generate_mode: call order, separate RNG streams, metrics, and cleanup on errors."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -18,6 +20,12 @@ class Recorder:
         if method in ("offload", "onload", "resume_memory", "release_memory"):
             return lambda: self.log.append(f"{self.name}.{method}")
         raise AttributeError(method)
+
+    @contextmanager
+    def params_on_device(self):  # an engine whose parameters may rest in host memory
+        self.log.append(f"{self.name}.params_in")
+        yield
+        self.log.append(f"{self.name}.params_back")
 
     def update_weights(self, weights):
         self.log.append("rollout.update_weights")
@@ -41,8 +49,8 @@ def test_call_order_metrics_and_early_stopping_consumer():
     engine, rollout = Recorder(log, "engine"), Recorder(log, "rollout", consume=1)
     with generate_mode(engine, rollout, make_weights(log, stats), stats=stats) as metrics:
         log.append("generate")
-    assert log == ["rollout.resume_memory", "rollout.update_weights", "stream.done", "engine.offload",
-                   "generate", "rollout.release_memory", "engine.onload"]
+    assert log == ["rollout.resume_memory", "engine.params_in", "rollout.update_weights", "stream.done",
+                   "engine.params_back", "engine.offload", "generate", "rollout.release_memory", "engine.onload"]
     assert rollout.loaded == ["a"]
     assert metrics["reshard/bytes"] == 30 and metrics["timing_s/reshard"] >= 0
 

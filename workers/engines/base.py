@@ -14,7 +14,7 @@ numbers the engine puts into every micro-batch's ``meta_info`` (``mini_batch_met
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, ContextManager, Iterator, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,8 @@ class TrainEngine(Protocol):
     def offload(self) -> None: ...
 
     def onload(self) -> None: ...
+
+    def params_on_device(self) -> ContextManager[None]: ...
 
 
 def split_micro_batches(data, micro_batch_size: int) -> list:

@@ -57,6 +57,10 @@ class EngineConfig:
     # forward-only passes each have their own.
     max_token_len_per_gpu: int | None = None
     infer_max_token_len_per_gpu: int | None = None
+    # verl's param_offload / optimizer_offload: on a GPU, keep the parameters / the optimizer
+    # state in host memory between engine calls (workers/engines/offload.py); nothing moves on CPU
+    param_offload: bool = False
+    optimizer_offload: bool = False
     seed: int = 0
 
     @property

@@ -46,6 +46,7 @@ from workers.engines import fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
+from workers.engines.offload import HostOffload
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state, load_scheduler_state
 from workers.engines.token_budget import micro_batches
 
@@ -93,7 +94,6 @@ class FSDPEngine:
         self.role, self.model_path = role, model_path
         self.dp_rank, self.dp_size, self.is_collect = dist.get_rank(), dist.get_world_size(), True
         self.device = hf_device.torch_device(int(os.environ.get("LOCAL_RANK", "0")))
-        self._offloaded = False
         self.shard_size = fsdp_layout.resolve_shard_size(config.fsdp_size, self.dp_size)
 
         torch.manual_seed(config.seed)  # the critic's new head must start identical on all ranks
@@ -116,6 +116,14 @@ class FSDPEngine:
         if role != "ref":
             self.optimizer = build_optimizer(self.model.parameters(), config)
             self.scheduler = build_scheduler(self.optimizer, config)
+        self.memory = HostOffload(self.device, self.model.to, self._move_optimizer,
+                                  params_rest_on_host=config.param_offload,
+                                  optimizer_rest_on_host=config.optimizer_offload)
+        if self.memory.active and config.param_offload and self._ddp is not None:
+            # DDP's gradient buckets stay on the device it was built on
+            raise ValueError("FSDPEngine: param_offload needs a sharded layout; with fsdp_size=1 every "
+                             "rank holds the whole model anyway: set fsdp_size=-1 or param_offload=false")
+        self.memory.rest()
 
     # ------------------------------------------------------------------ forward
     def _compute_context(self):
@@ -218,7 +226,7 @@ class FSDPEngine:
                                device=self.device)
         self._check_same_micro_count(len(micros), what)
         self.model.eval()
-        with self._gathered():
+        with self.memory.params_on_device(), self._gathered():
             parts = [self._forward(m, temperature, calculate_entropy) for m in micros]
         return {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
 
@@ -257,6 +265,21 @@ class FSDPEngine:
         calculate_entropy = bool(info.get("calculate_entropy", False))
 
         self.model.train()
+        with self.memory.params_on_device():
+            grad_norm, results = self._accumulate_and_step(micros, meta, rows, loss_fn, temperature,
+                                                           calculate_entropy)
+        # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        result, trained = mean_over_ranks(*local_metric_means(micros, results), self.dp_size, None)
+        result.update(grad_norm=grad_norm, lr=lr)
+        if skip_rows is not None:
+            result["skipped_rows_frac"] = skipped_rows_frac(meta, trained)
+        return result
+
+    def _accumulate_and_step(self, micros, meta, rows, loss_fn, temperature, calculate_entropy):
+        """Forward and backward of every micro-batch, clip, step: (grad norm, per-micro metrics).
+        The optimizer state comes to the device only for the step (``optimizer_offload``)."""
         self.optimizer.zero_grad(set_to_none=True)
         results = []
         with self._gathered():
@@ -274,16 +297,10 @@ class FSDPEngine:
 
         grad_norm = self._clip_grad_norm()
         if math.isfinite(grad_norm):
+            self.memory.optimizer_on_device()
             self.optimizer.step()
-        # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        result, trained = mean_over_ranks(*local_metric_means(micros, results), self.dp_size, None)
-        result.update(grad_norm=grad_norm, lr=lr)
-        if skip_rows is not None:
-            result["skipped_rows_frac"] = skipped_rows_frac(meta, trained)
-        return result
+        return grad_norm, results
 
     def _gathered(self):
         return fsdp_layout.gathered_until_exit(self.model, self._ddp is None and not self.config.reshard_after_forward)
@@ -309,11 +326,12 @@ class FSDPEngine:
         """Full tensors under HF names, gathered one parameter at a time (a collective: every rank
         must consume the iterator in step). Tied copies (``lm_head.weight``) are left out, as in an
         HF checkpoint of a tied model."""
-        for name, tensor in self.model.state_dict().items():
-            if name in self._alias_names:
-                continue
-            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-            yield name, full.detach()
+        with self.memory.params_on_device():
+            for name, tensor in self.model.state_dict().items():
+                if name in self._alias_names:
+                    continue
+                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                yield name, full.detach()
 
     def save_hf(self, path: str) -> None:
         """Rank 0 writes ``model.safetensors`` + config + tokenizer files; all ranks must call it."""
@@ -336,7 +354,8 @@ class FSDPEngine:
         """Sharded model + optimizer (torch.distributed.checkpoint, one shard file per rank under
         ``path/dcp``) and this rank's scheduler and RNG state (``path/extra_rank{r}.pt``)."""
         os.makedirs(path, exist_ok=True)
-        dcp.save(self._state(), checkpoint_id=os.path.join(path, "dcp"))
+        with self.memory.all_on_device():
+            dcp.save(self._state(), checkpoint_id=os.path.join(path, "dcp"))
         extra = {"rng": hf_device.rng_state(), "world_size": self.dp_size,
                  "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
         torch.save(extra, os.path.join(path, f"extra_rank{self.dp_rank}.pt"))
@@ -348,13 +367,14 @@ class FSDPEngine:
             raise FileNotFoundError(f"FSDPEngine.load_checkpoint: {path} has no dcp/ folder or no "
                                     f"extra_rank{self.dp_rank}.pt; pass a folder written by save_checkpoint "
                                     "with the same number of ranks")
-        state = self._state()
-        dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
-        if self.optimizer is None:
-            set_model_state_dict(self.model, state["model"])
-        else:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+        with self.memory.all_on_device():
+            state = self._state()
+            dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
+            if self.optimizer is None:
+                set_model_state_dict(self.model, state["model"])
+            else:
+                set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                               optim_state_dict=state["optim"])
         extra = torch.load(extra_file, weights_only=False)
         if self.scheduler is not None and extra["scheduler"] is not None:
             load_scheduler_state(self.scheduler, extra["scheduler"])
@@ -362,21 +382,18 @@ class FSDPEngine:
 
     # ------------------------------------------------------------------ memory
     def offload(self) -> None:
-        """Move sharded parameters and optimizer state to host memory (GPU only; a no-op on CPU,
-        where training and rollout share the same host memory anyway)."""
-        if hf_device.device_type() == "cpu" or self._offloaded:
-            return
-        self._move(torch.device("cpu"))
-        hf_device.empty_cache()
-        self._offloaded = True
+        """Sharded parameters and optimizer state to host memory while vLLM generates (GPU only;
+        on CPU training and rollout share host memory anyway). See workers/engines/offload.py."""
+        self.memory.offload()
 
     def onload(self) -> None:
-        if hf_device.device_type() == "cpu" or not self._offloaded:
-            return
-        self._move(self.device)
-        self._offloaded = False
+        """Back to where they rest between calls: the device, or host memory with
+        ``param_offload`` / ``optimizer_offload``."""
+        self.memory.rest()
 
-    def _move(self, target: torch.device) -> None:
-        self.model.to(target)
+    def params_on_device(self):
+        """Context: the parameters on the device for the body (a weight stream reading them)."""
+        return self.memory.params_on_device()
+
+    def _move_optimizer(self, target: torch.device) -> None:
         move_optimizer_state(self.optimizer, target)
-        hf_device.synchronize()

@@ -35,6 +35,7 @@ from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
 from workers.engines.megatron_state import GradientSync, load_sharded, save_sharded
+from workers.engines.offload import HostOffload
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
 from workers.engines.token_budget import micro_batches
 from workers.models.convert import export_hf, load_stage
@@ -106,7 +107,6 @@ class MegatronEngine:
         self.is_last_stage = self.pp_rank == self.pp - 1
         self.is_collect = self.tp_rank == 0 and self.is_last_stage
         self.device = hf_device.torch_device(int(os.environ.get("LOCAL_RANK", "0")))
-        self._offloaded = False
 
         torch.manual_seed(config.seed)  # the critic's fresh score head: identical on every rank
         cfg = parallel_config(self.tp, self.pp, PARAM_DTYPES[config.param_dtype])
@@ -127,6 +127,10 @@ class MegatronEngine:
             self.grads = GradientSync(self.model, self.dims, self.tp, self.pp, self.tp_rank, self.pp_rank)
             self.optimizer = build_optimizer(self.grads.master_params, config)
             self.scheduler = build_scheduler(self.optimizer, config)
+        self.memory = HostOffload(self.device, self.model.to, self._move_optimizer,
+                                  params_rest_on_host=config.param_offload,
+                                  optimizer_rest_on_host=config.optimizer_offload)
+        self.memory.rest()
 
     # ------------------------------------------------------------------ one micro-batch on this stage
     def _stage_forward(self, micro, hidden: Tensor | None, span: tuple[int, int]) -> Tensor:
@@ -196,7 +200,8 @@ class MegatronEngine:
                 return out
             return self._head_outputs(micros[i], out, spans[i], temperature, calculate_entropy)
 
-        parts = forward_only(self.link, len(micros), shape_of, step)
+        with self.memory.params_on_device():
+            parts = forward_only(self.link, len(micros), shape_of, step)
         keys = ["values"] if self.role == "critic" else ["log_probs"] + (["entropy"] if calculate_entropy else [])
         resp_len = data.batch["responses"].shape[1]
         out = {}
@@ -257,13 +262,16 @@ class MegatronEngine:
 
         self.model.train()
         self.grads.zero()
-        # no micro-batch left anywhere: the gradient is zero (reduce_and_clip reads missing grads
-        # as zeros) and the optimizer still steps, as it would on a zero loss
-        results = forward_backward_1f1b(self.link, len(micros), shape_of, step, self.pp_rank, self.pp) if micros else []
-        grad_norm = self.grads.reduce_and_clip(self.config.grad_clip)
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-            self.grads.copy_master_to_model()
+        with self.memory.params_on_device():
+            # no micro-batch left anywhere: the gradient is zero (reduce_and_clip reads missing
+            # grads as zeros) and the optimizer still steps, as it would on a zero loss
+            results = (forward_backward_1f1b(self.link, len(micros), shape_of, step, self.pp_rank, self.pp)
+                       if micros else [])
+            grad_norm = self.grads.reduce_and_clip(self.config.grad_clip)
+            if math.isfinite(grad_norm):
+                self.memory.optimizer_on_device()
+                self.optimizer.step()
+                self.grads.copy_master_to_model()
         # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -287,8 +295,9 @@ class MegatronEngine:
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
         """Full tensors under HF names, one at a time, on every rank (a collective: all ranks must
         consume it in step). Tied models yield no ``lm_head.weight``, as their HF checkpoints."""
-        yield from export_hf(self.model, self.dims, self.tp, self.pp, self.pp_rank,
-                             ps.get_tensor_model_parallel_group(), self.pp_group, self.device)
+        with self.memory.params_on_device():
+            yield from export_hf(self.model, self.dims, self.tp, self.pp, self.pp_rank,
+                                 ps.get_tensor_model_parallel_group(), self.pp_group, self.device)
 
     def _hf_architecture(self) -> str:
         arch = self.dims.architecture
@@ -311,29 +320,28 @@ class MegatronEngine:
     def save_checkpoint(self, path: str) -> None:
         """Per-rank ``path/megatron/tp{t}_pp{p}.pt`` (model, fp32 master weights, optimizer,
         scheduler, RNG), written by DP rank 0 (DP replicas are identical) + ``layout.json``."""
-        save_sharded(self, path)
+        with self.memory.all_on_device():
+            save_sharded(self, path)
 
     def load_checkpoint(self, path: str) -> None:
-        load_sharded(self, path)
+        with self.memory.all_on_device():
+            load_sharded(self, path)
 
     # ------------------------------------------------------------------ memory
     def offload(self) -> None:
-        """Move parameters and optimizer state to host memory (GPU only; a no-op on CPU)."""
-        if hf_device.device_type() == "cpu" or self._offloaded:
-            return
-        self._move(torch.device("cpu"))
-        hf_device.empty_cache()
-        self._offloaded = True
+        """Parameters, fp32 master weights and optimizer state to host memory while vLLM
+        generates (GPU only; a no-op on CPU). See workers/engines/offload.py."""
+        self.memory.offload()
 
     def onload(self) -> None:
-        if hf_device.device_type() == "cpu" or not self._offloaded:
-            return
-        self._move(self.device)
-        self._offloaded = False
+        """Back to where they rest between calls (``param_offload`` / ``optimizer_offload``)."""
+        self.memory.rest()
 
-    def _move(self, target: torch.device) -> None:
-        self.model.to(target)
+    def params_on_device(self):
+        """Context: the parameters on the device for the body (a weight stream reading them)."""
+        return self.memory.params_on_device()
+
+    def _move_optimizer(self, target: torch.device) -> None:
         if self.grads is not None:
             self.grads.move_master(target)
         move_optimizer_state(self.optimizer, target)
-        hf_device.synchronize()

@@ -53,6 +53,8 @@ class RolloutConfig:
     kv_cache_gib: float | None = 1.0
     cpu_live_weights: bool = True
     max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # vLLM's tokens per engine step; None: its default
+    enable_chunked_prefill: bool = True
     enforce_eager: bool = True
     dtype: str = "auto"
     seed: int = 0

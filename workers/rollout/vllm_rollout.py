@@ -112,6 +112,20 @@ def _init_cpu_shm_unlinked(self) -> int:
     return handle
 
 
+def _unlink_broadcast_rings() -> None:
+    """vLLM's TP group broadcasts through a 24 MiB shared-memory ring (``MessageQueue``) that only
+    its writer's garbage collection unlinks: every TP>1 run whose workers Ray killed at the end
+    (what a worker group's shutdown does) left one in /dev/shm, holding RAM. Every reader mapped
+    the ring while the group was built, so its name can go once the engine is up."""
+    from vllm.distributed import parallel_state
+
+    for get_group in list(parallel_state._groups.values()):
+        buffer = getattr(getattr(get_group(), "mq_broadcaster", None), "buffer", None)
+        if buffer is not None and getattr(buffer, "is_creator", False):
+            buffer.shared_memory.unlink()
+            buffer.is_creator = False  # else its __del__ unlinks the name a second time
+
+
 class _NoTokenizerWarnings(logging.Filter):
     """Drops what vLLM warns on every engine build because the engine has no tokenizer by design
     (``skip_tokenizer_init``): a traceback from its chat-template warm-up, and "Using None for
@@ -211,8 +225,11 @@ class VLLMRollout:
                 logprobs_mode="processed_logprobs",
                 max_model_len=config.prompt_length + config.response_length,
                 max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                enable_chunked_prefill=config.enable_chunked_prefill,
                 **engine_kwargs,
             )
+        _unlink_broadcast_rings()
         # after the engine: building it re-applies vLLM's logging config, levels included
         _filter_once("vllm.model_executor.model_loader.reload.layerwise",
                      ExpectedReloadWarnings(self.tied))

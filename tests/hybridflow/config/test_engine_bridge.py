@@ -42,9 +42,11 @@ def test_engine_kwargs_build_valid_engine_configs():
 def test_rollout_kwargs_build_the_rollout_config():
     cfg = load_config({"data": {"max_prompt_length": 24, "max_response_length": 12},
                        "actor_rollout_ref": {"rollout": {"n": 4, "temperature": 0.7, "top_k": 5,
-                                                         "cpu_live_weights": False}}})
+                                                         "cpu_live_weights": False, "max_num_batched_tokens": 300,
+                                                         "enable_chunked_prefill": False}}})
     r = rollout_base.RolloutConfig(**rollout_engine_kwargs(cfg))
     assert (r.n, r.temperature, r.top_k, r.prompt_length, r.response_length) == (4, 0.7, 5, 24, 12)
+    assert (r.max_num_batched_tokens, r.enable_chunked_prefill) == (300, False)
     assert r.cpu_live_weights is False and rollout_base.RolloutConfig().cpu_live_weights is True
 
 
@@ -89,6 +91,28 @@ def test_fsdp_config_reaches_actor_ref_and_critic_engines():
     assert (settings.ref.fsdp_size, settings.ref.forward_prefetch) == (2, True)
     critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d))
     assert (critic.fsdp_size, critic.forward_prefetch) == (-1, False)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "megatron"])
+def test_verl_offload_and_grad_clip_keys_reach_each_engine(strategy):
+    """verl's param_offload / optimizer_offload from the strategy's own node (the reference's
+    from ref.fsdp_config or ref.megatron), and actor/critic grad_clip over optim.clip_grad."""
+    build = pytest.importorskip("recipes.build")
+    node = "fsdp_config" if strategy == "fsdp" else "megatron"
+    cfg = load_config({"algorithm": {"adv_estimator": "gae"},
+                       "actor_rollout_ref": {"actor": {"strategy": strategy, "grad_clip": 0.3,
+                                                       node: {"optimizer_offload": True}},
+                                             "ref": {node: {"param_offload": True}}},
+                       "critic": {"strategy": strategy, "optim": {"clip_grad": 2.0},
+                                  **({"model": {"fsdp_config": {"param_offload": True}}} if strategy == "fsdp"
+                                     else {"megatron": {"param_offload": True}})},
+                       "trainer": {"n_gpus_per_node": 2}})
+    d = derive(cfg, dataset_len=64)
+    settings = build.actor_settings(cfg, d, ("actor", "rollout", "ref"))
+    assert (settings.actor.param_offload, settings.actor.optimizer_offload, settings.actor.grad_clip) == (False, True, 0.3)
+    assert (settings.ref.param_offload, settings.ref.optimizer_offload) == (True, False)
+    critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d))
+    assert (critic.param_offload, critic.optimizer_offload, critic.grad_clip) == (True, False, 2.0)
 
 
 @pytest.mark.parametrize("param_dtype,rollout_dtype,expected", [

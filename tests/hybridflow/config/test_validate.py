@@ -139,6 +139,19 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__actor__optim__lr=0.0), "actor_rollout_ref.actor.optim.lr=0.0 must be > 0"),
     (dict(algorithm__kl_ctrl__type="adaptive", algorithm__kl_ctrl__horizon=0),
      "algorithm.kl_ctrl.horizon=0 must be a positive integer"),
+    (dict(data__train_max_samples=0), "data.train_max_samples=0 must be -1 (all) or a positive number"),
+    # vLLM's scheduler, before any worker starts (prompt 32 + response 16 tokens)
+    (dict(actor_rollout_ref__rollout__enable_chunked_prefill=False, actor_rollout_ref__rollout__max_num_batched_tokens=40),
+     "max_num_batched_tokens=40 with enable_chunked_prefill=false cannot hold one sequence of"),
+    (dict(actor_rollout_ref__rollout__max_num_batched_tokens=64),
+     "max_num_batched_tokens=64 must be >= actor_rollout_ref.rollout.max_num_seqs=256"),
+    # verl keys accepted for their "off" value only, and verl's reward managers
+    (dict(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2),
+     "ulysses_sequence_parallel_size=2: Ulysses sequence parallelism is not implemented; set it to 1"),
+    (dict(trainer__default_hdfs_dir="hdfs://x"), "trainer.default_hdfs_dir='hdfs://x': HDFS upload is not"),
+    (dict(reward_model__reward_manager="prime"), "reward_model.reward_manager='prime' is unknown"),
+    (dict(reward_model__reward_manager="batch"), "reward_model.reward_manager=batch calls custom_reward_function"),
+    (dict(trainer__val_only=True, data__val_files=[]), "trainer.val_only=true needs data.val_files"),
 ])
 def test_rule_names_its_key(run_dir, overrides, needle):
     assert needle in error_of(grpo(**overrides))

@@ -176,3 +176,14 @@ def test_a_json_array_file_reads_like_jsonl(tmp_path, char_tokenizer):
     broken.write_text(json.dumps(ROWS, indent=2)[:-3])
     with pytest.raises(DataError, match="broken.json: line .* is not valid JSON"):
         RLPromptDataset(str(broken), char_tokenizer, max_prompt_length=12)
+
+
+def test_max_samples_keeps_the_first_kept_rows_across_files(tmp_path, char_tokenizer):
+    """data.train_max_samples / val_max_samples: the first N rows that pass the length filter,
+    reading no further (a quick run on a large file)."""
+    first, second = write(ROWS, tmp_path / "a.jsonl"), write(ROWS, tmp_path / "b.parquet")
+    ds = RLPromptDataset([first, second], char_tokenizer, max_prompt_length=7, max_samples=2)
+    assert [ds[i]["ground_truth"] for i in range(len(ds))] == ["19", "19"]  # one kept row per file
+    assert ds.num_filtered == 2  # the second file stopped after its first row
+    assert len(RLPromptDataset([first, second], char_tokenizer, max_prompt_length=12, max_samples=4)) == 4
+    assert len(RLPromptDataset.from_config(first, char_tokenizer, {"max_prompt_length": 12}, max_samples=-1)) == 3

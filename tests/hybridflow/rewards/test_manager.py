@@ -137,3 +137,48 @@ def test_custom_reward_function_errors(tmp_path):
     broken.write_text("import not_a_real_module_xyz\n")
     with pytest.raises(RewardFunctionError, match="importing .*broken.py.* raised ModuleNotFoundError"):
         load_reward_function(str(broken))
+
+
+BATCH_FILE = textwrap.dedent(
+    """
+    CALLS = []
+
+    def batch_reward(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):
+        CALLS.append(len(solution_strs))
+        return [{"score": float(s.strip() == g) + bonus, "src": d} if i != 2 else "malformed"
+                for i, (d, s, g) in enumerate(zip(data_sources, solution_strs, ground_truths))]
+    """
+)
+
+
+def test_batch_manager_calls_once_per_batch_with_lists(tmp_path):
+    """reward_model.reward_manager=batch (verl's BatchRewardManager): one call with lists; each
+    result is checked as a per-sample one (a malformed entry scores 0 and is counted)."""
+    path = tmp_path / "batch_reward.py"
+    path.write_text(BATCH_FILE)
+    manager = make_reward_manager(str(path), "batch_reward", {"bonus": 0.5}, manager="batch")
+    out = manager(["1", "2 ", "3", "4"], [1, 2, 1, 1], 2, ["a", "b", "c", "d"], ["1", "0", "3", "4"],
+                  extra_infos=[{}, {}, {}, {}])
+    assert out.scores == [1.5, 0.5, 0.0, 1.5]
+    assert out.metrics["reward/errors"] == 1.0 and out.extra["src"] == ["a", "b", None, "d"]
+    assert manager.compute_score.func.__globals__["CALLS"] == [4]
+
+
+def test_batch_manager_errors_name_the_fix(tmp_path):
+    def wrong_length(data_sources, solution_strs, ground_truths, extra_infos):
+        return [1.0]
+
+    def raises(data_sources, solution_strs, ground_truths, extra_infos):
+        raise TimeoutError("sandbox")
+
+    with pytest.raises(RewardFunctionError, match="returned 1 results for 2 responses"):
+        RewardManager(wrong_length, batched=True)(["a", "b"], [1, 1], 1, ["d", "d"], [0, 0])
+    with pytest.raises(RewardFunctionError, match="batch reward function raised TimeoutError: sandbox"):
+        RewardManager(raises, batched=True)(["a", "b"], [1, 1], 1, ["d", "d"], [0, 0])
+    with pytest.raises(RewardFunctionError, match="set custom_reward_function.path"):
+        make_reward_manager(None, manager="batch")
+    with pytest.raises(ValueError, match="reward_manager='dapo' is unknown"):
+        make_reward_manager(None, manager="dapo")
+    scores = RewardManager(lambda **kw: torch.tensor([0.25, 1.0]), batched=True)(["a", "b"], [1, 1], 1,
+                                                                                  ["d", "d"], [0, 0]).scores
+    assert scores == [0.25, 1.0]  # a tensor of scores is a sequence too

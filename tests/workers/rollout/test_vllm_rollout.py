@@ -28,10 +28,16 @@ SAMPLE_STOPS = list(range(3, 40))  # with these, sampled lengths range from 1 to
 HF_CONFIG = RolloutConfig(name="hf", prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
 
 
+# vLLM's scheduler keys reach the engine: one prefill chunk per prompt, at most this many tokens
+# per engine step (tokens must still equal transformers')
+BATCHED_TOKENS = 320
+
+
 def _config(tp: int, live_weights: bool = True) -> RolloutConfig:
     return RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
                          tensor_model_parallel_size=tp, kv_cache_gib=KV_CACHE_GIB, seed=0,
-                         cpu_live_weights=live_weights)
+                         cpu_live_weights=live_weights, max_num_batched_tokens=BATCHED_TOKENS,
+                         enable_chunked_prefill=False)
 
 
 def _live_weights(tp: int, model_name: str) -> bool:
@@ -100,6 +106,8 @@ def _rollout_worker(rank, world, tp, models):
         result["why_full_reload"] = rollout.why_full_reload
         result["on_cpu"] = not rollout._on_gpu
         result["kv_cache_bytes"] = rollout.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
+        scheduler = rollout.llm.llm_engine.vllm_config.scheduler_config
+        result["scheduler"] = (scheduler.max_num_batched_tokens, scheduler.enable_chunked_prefill)
         result["quiet_syncs"] = [not logging.getLogger(name).isEnabledFor(logging.INFO)
                                  for name in PER_SYNC_INFO_LOGGERS]
         rollout.update_weights(load_file(f"{new_path}/model.safetensors").items())
@@ -108,6 +116,11 @@ def _rollout_worker(rank, world, tp, models):
         results[name] = result
         # every rank has unlinked its segments once the group joined them; nothing stays behind
         result["shm_left"] = sorted(glob.glob(f"{world_shm}*"))  # planted or vLLM's
+        from vllm.distributed import parallel_state  # the TP group's broadcast ring (TP>1)
+
+        ring = getattr(parallel_state.get_tp_group().mq_broadcaster, "buffer", None)
+        result["shm_left"] += [ring.shared_memory.name] if ring and os.path.exists(
+            f"/dev/shm/{ring.shared_memory.name}") else []
     return results
 
 
@@ -161,6 +174,7 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
         assert r["why_full_reload"] == (None if live else "rollout.cpu_live_weights=false")
         if r["on_cpu"]:
             assert r["kv_cache_bytes"] == int(KV_CACHE_GIB * 2**30)
+        assert r["scheduler"] == (BATCHED_TOKENS, False)
         assert all(r["quiet_syncs"])  # no INFO line per weight sync, even after the engine's build
         assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
         assert "rollout.prompt_length=12" in r["errors"]["prompt"]
