@@ -85,8 +85,10 @@ def read_inputs(cfg) -> RunInputs:
     train_loader = ResumablePromptLoader(train_ds, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
     val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
                   if val_ds is not None else None)
+    overlong = cfg.reward_model.overlong_buffer
     reward = make_reward_manager(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                 cfg.custom_reward_function.reward_kwargs, manager=cfg.reward_model.reward_manager)
+                                 cfg.custom_reward_function.reward_kwargs, manager=cfg.reward_model.reward_manager,
+                                 overlong_buffer=(overlong.len, overlong.penalty_factor) if overlong.enable else None)
     return RunInputs(tokenizer, derive(cfg, dataset_len=len(train_ds)), train_loader, val_loader, reward)
 
 

@@ -14,11 +14,25 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment, applied by ``reward_manager=dapo``: responses longer than
+    ``data.max_response_length - len`` tokens lose up to ``penalty_factor`` (linearly to the
+    maximum length). ``log`` is verl's switch; the metrics are always logged here."""
+
+    enable: bool = False
+    len: int = 4096
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
     # how custom_reward_function is called: naive (once per response) | batch (once per batch,
-    # with lists; hybridflow/rewards/manager.py). verl keeps this key here too.
+    # with lists) | dapo (as naive, plus overlong_buffer's length penalty);
+    # hybridflow/rewards/manager.py. verl keeps these keys here too.
     reward_manager: str = "naive"
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size_per_gpu: int = 8
 

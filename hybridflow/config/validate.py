@@ -20,7 +20,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import range_errors
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_keys import rollout_errors, unsupported_errors
+from hybridflow.config.verl_keys import overlong_buffer_errors, rollout_errors, unsupported_errors
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if errors:  # the checks below divide by these values
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
-    errors = algorithm_errors(cfg) + rollout_errors(cfg) + unsupported_errors(cfg) + parallel
+    errors = (algorithm_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg) + unsupported_errors(cfg)
+              + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
         errors += batch_errors(cfg)
     if check_paths:

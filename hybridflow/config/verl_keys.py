@@ -25,6 +25,23 @@ def rollout_errors(cfg: RootConfig) -> list[str]:
     return errors
 
 
+def overlong_buffer_errors(cfg: RootConfig) -> list[str]:
+    """DAPO's length penalty: the dapo manager's, within the response length."""
+    rm, errors = cfg.reward_model, []
+    buffer, longest = rm.overlong_buffer, cfg.data.max_response_length
+    if not buffer.enable:
+        return errors
+    if rm.reward_manager != "dapo":
+        errors.append(f"reward_model.overlong_buffer.enable=true is applied by the dapo reward manager: set "
+                      f"reward_model.reward_manager=dapo (it is {rm.reward_manager})")
+    if not 0 < buffer.len <= longest:
+        errors.append(f"reward_model.overlong_buffer.len={buffer.len} must be in [1, data.max_response_length="
+                      f"{longest}]: the penalty starts that many tokens before the maximum length")
+    if buffer.penalty_factor < 0:
+        errors.append(f"reward_model.overlong_buffer.penalty_factor={buffer.penalty_factor} must be >= 0")
+    return errors
+
+
 def unsupported_errors(cfg: RootConfig) -> list[str]:
     """verl keys accepted so its scripts run, for the value that means "off" only."""
     errors = []

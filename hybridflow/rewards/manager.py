@@ -52,7 +52,14 @@ def _as_score(result: Any) -> tuple[float, dict[str, Any]]:
     return score, extra
 
 
-REWARD_MANAGERS = ("naive", "batch")
+REWARD_MANAGERS = ("naive", "batch", "dapo")
+
+
+def overlong_penalty(length: int, max_length: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), scaled by ``factor``: 0 up to
+    ``max_length - buffer`` tokens, then falling linearly to ``-factor`` at ``max_length``.
+    Responses are cut at ``max_length``, so the paper's -1 beyond it is the same end point."""
+    return min(-(length - (max_length - buffer)) / buffer * factor, 0.0)
 
 
 class RewardManager:
@@ -60,15 +67,17 @@ class RewardManager:
     (verl's ``naive`` manager), or once per batch with lists (``batched``, verl's ``batch``:
     `compute_score(data_sources, solution_strs, ground_truths, extra_infos)` returns one result
     per sample, for scorers that vectorise or call a service once). A batch call that raises
-    fails the step, since no sample of it has a score."""
+    fails the step, since no sample of it has a score. ``overlong_buffer`` adds DAPO's length
+    penalty to each score (verl's ``dapo`` manager: per sample, as ``naive``)."""
 
     def __init__(self, compute_score: ComputeScoreFn | None = None, max_logged_errors: int = 3,
-                 batched: bool = False):
+                 batched: bool = False, overlong_buffer: tuple[int, float] | None = None):
         if batched and compute_score is None:
             raise RewardFunctionError("reward_model.reward_manager=batch calls custom_reward_function with "
                                       "whole lists: set custom_reward_function.path")
         self.compute_score = compute_score or default_compute_score
         self.batched = batched
+        self.overlong_buffer = overlong_buffer  # (buffer length, penalty factor): verl's dapo manager
         self.max_logged_errors = max_logged_errors
         self._logged_errors = 0  # over this manager's lifetime, so a bad function cannot flood logs
 
@@ -110,6 +119,12 @@ class RewardManager:
                 f"{type(first_error).__name__}: {first_error}; fix custom_reward_function (path/name) "
                 f"or the function") from first_error
 
+        penalties = None
+        if self.overlong_buffer is not None:
+            buffer, factor = self.overlong_buffer
+            penalties = [overlong_penalty(n, max_response_length, buffer, factor) for n in lengths]
+            scores = [score + penalty for score, penalty in zip(scores, penalties)]
+
         token_level_scores = torch.zeros(batch, max_response_length, dtype=torch.float32)
         for i, (score, n) in enumerate(zip(scores, lengths)):
             # an empty response has no token; its score sits on position 0 (masked out downstream)
@@ -118,8 +133,11 @@ class RewardManager:
 
         keys = sorted({k for extra in extras for k in extra})
         extra_columns = {k: [extra.get(k) for extra in extras] for k in keys}
-        return RewardResult(token_level_scores, scores, extra_columns,
-                            self._metrics(scores, data_sources, extra_columns, errors))
+        metrics = self._metrics(scores, data_sources, extra_columns, errors)
+        if penalties is not None:
+            metrics["reward/overlong_penalty/mean"] = sum(penalties) / batch
+            metrics["reward/overlong/frac"] = sum(p < 0 for p in penalties) / batch
+        return RewardResult(token_level_scores, scores, extra_columns, metrics)
 
     def _call_batched(self, responses, data_sources, ground_truths, extra_infos) -> list:
         """One call for the batch; one thunk per sample, so each result is checked like a
@@ -164,10 +182,15 @@ class RewardManager:
 
 def make_reward_manager(custom_path: str | None = None, custom_name: str = "compute_score",
                         reward_kwargs: dict[str, Any] | None = None,
-                        max_logged_errors: int = 3, manager: str = "naive") -> RewardManager:
+                        max_logged_errors: int = 3, manager: str = "naive",
+                        overlong_buffer: tuple[int, float] | None = None) -> RewardManager:
     """From the `custom_reward_function` config group: the user's function when `path` is set,
-    else the built-in dispatcher by data_source; `manager` is `reward_model.reward_manager`."""
+    else the built-in dispatcher by data_source; `manager` is `reward_model.reward_manager`, and
+    `overlong_buffer` (length, penalty factor) the dapo manager's `reward_model.overlong_buffer`."""
     if manager not in REWARD_MANAGERS:
         raise ValueError(f"reward_model.reward_manager={manager!r} is unknown: use one of {REWARD_MANAGERS}")
+    if overlong_buffer is not None and manager != "dapo":
+        raise ValueError("reward_model.overlong_buffer is the dapo manager's: set reward_model.reward_manager=dapo")
     fn = load_reward_function(custom_path, custom_name, reward_kwargs) if custom_path else None
-    return RewardManager(fn, max_logged_errors=max_logged_errors, batched=manager == "batch")
+    return RewardManager(fn, max_logged_errors=max_logged_errors, batched=manager == "batch",
+                         overlong_buffer=overlong_buffer)

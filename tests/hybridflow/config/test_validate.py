@@ -152,6 +152,10 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(reward_model__reward_manager="prime"), "reward_model.reward_manager='prime' is unknown"),
     (dict(reward_model__reward_manager="batch"), "reward_model.reward_manager=batch calls custom_reward_function"),
     (dict(trainer__val_only=True, data__val_files=[]), "trainer.val_only=true needs data.val_files"),
+    (dict(reward_model__overlong_buffer__enable=True, reward_model__overlong_buffer__len=8),
+     "reward_model.overlong_buffer.enable=true is applied by the dapo reward manager"),
+    (dict(reward_model__reward_manager="dapo", reward_model__overlong_buffer__enable=True),
+     "reward_model.overlong_buffer.len=4096 must be in [1, data.max_response_length=16]"),
 ])
 def test_rule_names_its_key(run_dir, overrides, needle):
     assert needle in error_of(grpo(**overrides))

@@ -177,8 +177,25 @@ def test_batch_manager_errors_name_the_fix(tmp_path):
         RewardManager(raises, batched=True)(["a", "b"], [1, 1], 1, ["d", "d"], [0, 0])
     with pytest.raises(RewardFunctionError, match="set custom_reward_function.path"):
         make_reward_manager(None, manager="batch")
-    with pytest.raises(ValueError, match="reward_manager='dapo' is unknown"):
-        make_reward_manager(None, manager="dapo")
+    with pytest.raises(ValueError, match="reward_manager='prime' is unknown"):
+        make_reward_manager(None, manager="prime")
     scores = RewardManager(lambda **kw: torch.tensor([0.25, 1.0]), batched=True)(["a", "b"], [1, 1], 1,
                                                                                   ["d", "d"], [0, 0]).scores
     assert scores == [0.25, 1.0]  # a tensor of scores is a sequence too
+
+
+def test_dapo_manager_adds_the_soft_overlong_penalty():
+    """DAPO eq. 13 with factor 0.5: nothing up to max_length - buffer = 6 tokens, then linear to
+    -0.5 at the maximum 10; the penalty lands in the score on the last token."""
+    from hybridflow.rewards.manager import overlong_penalty
+
+    manager = make_reward_manager(None, manager="dapo", overlong_buffer=(4, 0.5))
+    lengths = [3, 6, 8, 10]
+    out = manager(["= 2"] * 4, lengths, 10, ["arithmetic"] * 4, ["2"] * 4)
+    assert out.scores == [1.0, 1.0, 0.75, 0.5]
+    assert out.token_level_scores[2, 7].item() == 0.75
+    assert out.metrics["reward/overlong/frac"] == 0.5
+    assert out.metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.75 / 4)
+    assert overlong_penalty(10, 10, 10, 1.0) == -1.0 and overlong_penalty(0, 10, 10, 1.0) == 0.0
+    with pytest.raises(ValueError, match="set reward_model.reward_manager=dapo"):
+        make_reward_manager(None, overlong_buffer=(4, 0.5))
