@@ -19,6 +19,18 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (hybridflow/trainer/dynamic_sampling.py): drop prompts whose
+    samples' ``metric`` (seq_reward | score | acc) are all equal and generate more until
+    ``data.train_batch_size`` prompts remain; ``max_num_gen_batches`` caps the generation
+    batches per step (0: no cap)."""
+
+    enable: bool = False
+    metric: str = "seq_reward"
+    max_num_gen_batches: int = 0
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"  # verl's default; recipes pick theirs
     gamma: float = 1.0
@@ -27,3 +39,4 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"  # the KL estimator of the reward penalty
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

@@ -106,6 +106,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("algorithm.gamma", alg.gamma, UNIT),
         _row("algorithm.lam", alg.lam, UNIT),
         _row("algorithm.kl_ctrl.kl_coef", alg.kl_ctrl.kl_coef, NON_NEGATIVE),
+        _row("algorithm.filter_groups.max_num_gen_batches", alg.filter_groups.max_num_gen_batches, NON_NEGATIVE),
         _row("trainer.nnodes", t.nnodes, POSITIVE),
         _row("trainer.n_gpus_per_node", t.n_gpus_per_node, POSITIVE),
         _row("trainer.total_epochs", t.total_epochs, POSITIVE),

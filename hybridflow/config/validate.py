@@ -81,6 +81,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
     )
     from hybridflow.rewards.manager import REWARD_MANAGERS
+    from hybridflow.trainer.dynamic_sampling import FILTER_METRICS
     from hybridflow.tracking.tracker import BACKENDS
 
     a, r, c, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic, cfg.trainer
@@ -105,6 +106,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ("trainer.device", t.device, DEVICES),
         ("trainer.placement", t.placement, PLACEMENTS),
         ("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS),
+        ("algorithm.filter_groups.metric", cfg.algorithm.filter_groups.metric, FILTER_METRICS),
     ]
     errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
     errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
@@ -138,6 +140,9 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if not val.do_sample and val.n > 1:
         errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
                       "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
+    if alg.filter_groups.enable and r.n < 2:
+        errors.append(f"algorithm.filter_groups.enable=true compares the samples of a prompt: set {ARR}.rollout.n>=2 "
+                      f"(it is {r.n})")
     if cfg.trainer.val_only and not cfg.data.val_files:
         errors.append("trainer.val_only=true needs data.val_files to validate on")
     if cfg.trainer.critic_warmup > 0 and not needs_critic(cfg):

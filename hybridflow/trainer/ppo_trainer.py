@@ -22,6 +22,7 @@ from hybridflow.config.derived import model_parallel
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balanced_order
+from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.val_generations import sample_rows, write_val_generations
 
@@ -30,7 +31,8 @@ from hybridflow.trainer.val_generations import sample_rows, write_val_generation
 def timer(name: str, metrics: dict):
     t0 = time.perf_counter()
     yield
-    metrics[f"timing_s/{name}"] = time.perf_counter() - t0
+    key = f"timing_s/{name}"  # summed: dynamic sampling generates and scores several batches a step
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
 
 
 class PPOTrainer:
@@ -101,37 +103,16 @@ class PPOTrainer:
 
     def step(self, batch: DataProto) -> dict:
         cfg, metrics = self.cfg, {}
-        n = cfg.actor_rollout_ref.rollout.n
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         with timer("step", metrics):
-            gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
-            gen_in.meta_info.update(n=n)
-            with timer("gen", metrics):
-                gen_out = self.actor.generate_sequences(gen_in)
-            metrics.update(gen_out.meta_info.pop("metrics", {}))
-            baselines = None
-            if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
-                with timer("gen_max", metrics):
-                    greedy_in = gen_in.select()
-                    greedy_in.meta_info.update(n=1, do_sample=False)
-                    greedy = self.actor.generate_sequences(greedy_in)
-                    greedy.meta_info.pop("metrics", None)
-                    greedy.non_tensor_batch.update(batch.non_tensor_batch)
-                    baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
-            batch = batch.repeat(n, interleave=True)
-            batch.pop(["input_ids", "attention_mask", "position_ids"])
-            batch.union(gen_out)
+            batch, baselines, filter_values = self._rollout(batch, metrics)
+            if cfg.algorithm.filter_groups.enable:
+                batch, baselines = self._keep_informative_prompts(batch, baselines, filter_values, metrics)
             if cfg.trainer.balance_batch:  # even the tokens each data-parallel rank computes
                 order, balance_metrics = balanced_order(batch.batch["attention_mask"].sum(-1),
                                                         batch.non_tensor_batch["uid"], self.actor_dp)
                 batch = batch.reorder(order)
                 baselines = None if baselines is None else baselines[order]
                 metrics.update(balance_metrics)
-
-            with timer("reward", metrics):
-                token_scores, _, reward_metrics = self.score(batch)
-                batch.batch["token_level_scores"] = token_scores
-                metrics.update(reward_metrics)
             if not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))
@@ -157,19 +138,77 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
+    def _rollout(self, batch: DataProto, metrics: dict):
+        """Generate ``rollout.n`` responses per prompt and score them: (the batch, one row per
+        response, with ``token_level_scores``; ReMax's baselines or None; dynamic sampling's
+        per-row metric values or None)."""
+        n = self.cfg.actor_rollout_ref.rollout.n
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
+        gen_in.meta_info.update(n=n)
+        with timer("gen", metrics):
+            gen_out = self.actor.generate_sequences(gen_in)
+        metrics.update(gen_out.meta_info.pop("metrics", {}))
+        baselines = None
+        if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
+            with timer("gen_max", metrics):
+                greedy_in = gen_in.select()
+                greedy_in.meta_info.update(n=1, do_sample=False)
+                greedy = self.actor.generate_sequences(greedy_in)
+                greedy.meta_info.pop("metrics", None)
+                greedy.non_tensor_batch.update(batch.non_tensor_batch)
+                baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
+        batch = batch.repeat(n, interleave=True)
+        batch.pop(["input_ids", "attention_mask", "position_ids"])
+        batch.union(gen_out)
+        with timer("reward", metrics):
+            token_scores, scores, reward_metrics, extra = self.score(batch)
+            batch.batch["token_level_scores"] = token_scores
+            metrics.update(reward_metrics)
+        fg = self.cfg.algorithm.filter_groups
+        return batch, baselines, metric_values(fg.metric, scores, extra) if fg.enable else None
+
+    def _keep_informative_prompts(self, batch: DataProto, baselines, values, metrics: dict):
+        """DAPO's dynamic sampling: keep the prompts whose samples differ, generating further
+        batches from the loader until ``data.train_batch_size`` of them are found."""
+        fg, want = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
+        n = self.cfg.actor_rollout_ref.rollout.n
+        kept, kept_baselines, found, generated = [], [], 0, 1
+        while True:
+            rows = torch.from_numpy(np.flatnonzero(informative_rows(batch.non_tensor_batch["uid"], values)))
+            kept.append(batch[rows])
+            kept_baselines.append(None if baselines is None else baselines[rows])
+            found += len(rows) // n
+            if found >= want:
+                break
+            if 0 < fg.max_num_gen_batches <= generated:
+                raise DynamicSamplingError(
+                    f"algorithm.filter_groups: {found} of the {want} prompts had samples that differ after "
+                    f"{generated} generation batches (max_num_gen_batches); raise it (0: no cap) or use data "
+                    "the model sometimes solves")
+            generated += 1
+            batch, baselines, values = self._rollout(DataProto.from_single_dict(self.train_loader.next_batch()),
+                                                     metrics)
+        metrics.update({"filter_groups/num_gen_batches": generated, "filter_groups/kept_prompts_frac":
+                        found / (generated * want)})
+        batch = DataProto.concat(kept)[: want * n]
+        baselines = None if kept_baselines[0] is None else torch.cat(kept_baselines)[: want * n]
+        return batch, baselines
+
     def score(self, batch: DataProto):
-        """(token_level_scores [B,R], per-sample scores, metrics) from the RM or the reward function."""
+        """(token_level_scores [B,R], per-sample scores, metrics, the reward function's extra fields
+        per sample) from the RM or the reward function."""
         if self.rm is not None:
             rm = self.rm.compute_rm_score(batch).batch["rm_scores"]
             scores = rm.sum(-1).tolist()
-            return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}
+            return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}, {}
         responses, mask = batch.batch["responses"], batch.batch["response_mask"]
         lengths = mask.sum(-1).tolist()
         texts = [self.tokenizer.decode(r[:l].tolist(), skip_special_tokens=True) for r, l in zip(responses, lengths)]
         nt = batch.non_tensor_batch
         result = self.reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]),
                                      list(nt["ground_truth"]), list(nt.get("extra_info", [None] * len(texts))))
-        return result.token_level_scores, result.scores, result.metrics
+        return result.token_level_scores, result.scores, result.metrics, result.extra
 
     def compute_advantages(self, batch: DataProto, baselines, metrics: dict) -> None:
         algo, b = self.cfg.algorithm, batch.batch

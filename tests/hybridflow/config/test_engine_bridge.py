@@ -109,7 +109,8 @@ def test_verl_offload_and_grad_clip_keys_reach_each_engine(strategy):
                        "trainer": {"n_gpus_per_node": 2}})
     d = derive(cfg, dataset_len=64)
     settings = build.actor_settings(cfg, d, ("actor", "rollout", "ref"))
-    assert (settings.actor.param_offload, settings.actor.optimizer_offload, settings.actor.grad_clip) == (False, True, 0.3)
+    actor = settings.actor
+    assert (actor.param_offload, actor.optimizer_offload, actor.grad_clip) == (False, True, 0.3)
     assert (settings.ref.param_offload, settings.ref.optimizer_offload) == (True, False)
     critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d))
     assert (critic.param_offload, critic.optimizer_offload, critic.grad_clip) == (True, False, 2.0)
