@@ -73,6 +73,7 @@ class RolloutConfig:
     dataclass): ``hybridflow.config.rollout_engine_kwargs`` builds that one's arguments."""
 
     name: str = "vllm"  # vllm | hf
+    mode: str = "sync"  # verl's key; only sync (whole batches through the engine, no agent loop server)
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -119,6 +120,7 @@ class RefConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
+    hybrid_engine: bool = True  # verl's key; only true (actor and rollout share each worker)
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

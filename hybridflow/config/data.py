@@ -17,6 +17,7 @@ class DataConfig:
     val_files: list[str] = field(default_factory=lambda: ["data/arithmetic/val.parquet"],
                                  metadata=PATH)
     prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"  # the column that picks the reward function (passed as data_source)
     max_prompt_length: int = 32
     max_response_length: int = 16
     train_batch_size: int = 8

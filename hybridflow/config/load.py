@@ -60,6 +60,11 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     """
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
     mode = root.trainer.resume_mode
+    if mode == "resume_path":  # verl's spelling of "resume from this folder"
+        if not root.trainer.resume_from_path:
+            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N "
+                              "folder> (or set trainer.resume_mode=<that folder> directly)")
+        mode = root.trainer.resume_from_path
     if mode not in RESUME_MODES:
         root.trainer.resume_mode = absolute_path(mode, base_dir)
     return root

@@ -29,7 +29,8 @@ class TrainerConfig:
     critic_warmup: int = 0  # steps that update only the critic before the actor starts (PPO with GAE)
     default_local_dir: str = field(default="checkpoints/hybridflow/demo", metadata=PATH)
     default_hdfs_dir: str | None = None  # verl's key; only null (no HDFS upload)
-    resume_mode: str = "auto"  # auto | disable | a checkpoint directory path
+    resume_mode: str = "auto"  # auto | disable | a checkpoint directory path | resume_path (verl's)
+    resume_from_path: str | None = field(default=None, metadata=PATH)  # with resume_mode=resume_path
     max_actor_ckpt_to_keep: int | None = None  # None: keep all
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project_name: str = "hybridflow"

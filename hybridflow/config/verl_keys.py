@@ -50,6 +50,12 @@ def unsupported_errors(cfg: RootConfig) -> list[str]:
         errors.append(f"{ARR}.actor.ulysses_sequence_parallel_size={sp}: Ulysses sequence parallelism is not "
                       "implemented; set it to 1 (long sequences: use_remove_padding, use_dynamic_bsz, or "
                       "strategy=megatron with tensor parallelism)")
+    if cfg.actor_rollout_ref.rollout.mode != "sync":
+        errors.append(f"{ARR}.rollout.mode={cfg.actor_rollout_ref.rollout.mode!r}: only sync is implemented "
+                      "(whole batches through the engine); set it to sync")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        errors.append(f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker here "
+                      "(trainer.placement=separate moves the reference, critic and reward model); set it to true")
     if cfg.trainer.default_hdfs_dir:
         errors.append(f"trainer.default_hdfs_dir={cfg.trainer.default_hdfs_dir!r}: HDFS upload is not "
                       "implemented; set it to null and copy trainer.default_local_dir yourself")

@@ -76,16 +76,17 @@ def _row_error(path: str, row: int, key: str, problem: str) -> DataError:
     return DataError(f"{path}: row {row}: key {key!r} {problem}")
 
 
-def validate_row(row: Any, path: str, index: int, prompt_key: str) -> None:
-    """Raise a DataError naming file, row and key when ``row`` does not follow the schema."""
+def validate_row(row: Any, path: str, index: int, prompt_key: str, source_key: str = "data_source") -> None:
+    """Raise a DataError naming file, row and key when ``row`` does not follow the schema.
+    ``source_key`` (``data.reward_fn_key``) names the column that picks the reward function."""
     if not isinstance(row, Mapping):
         raise DataError(f"{path}: row {index} is a {type(row).__name__}, expected an object with "
-                         f"keys data_source, {prompt_key}, reward_model")
-    for key in ("data_source", prompt_key, "reward_model"):
+                         f"keys {source_key}, {prompt_key}, reward_model")
+    for key in (source_key, prompt_key, "reward_model"):
         if key not in row or row[key] is None:
             raise _row_error(path, index, key, "is missing")
-    if not isinstance(row["data_source"], str):
-        raise _row_error(path, index, "data_source", f"must be a string, got {type(row['data_source']).__name__}")
+    if not isinstance(row[source_key], str):
+        raise _row_error(path, index, source_key, f"must be a string, got {type(row[source_key]).__name__}")
     prompt = row[prompt_key]
     if isinstance(prompt, str):
         pass
@@ -177,7 +178,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
 
     def __init__(self, files: str | Sequence[str], tokenizer, *, prompt_key: str = "prompt",
                  max_prompt_length: int = 512, filter_overlong_prompts: bool = True,
-                 truncation: str = "error", apply_chat_template: bool | None = None, max_samples: int = -1):
+                 truncation: str = "error", apply_chat_template: bool | None = None, max_samples: int = -1,
+                 reward_fn_key: str = "data_source"):
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         files = [os.fspath(f) for f in files]
@@ -187,7 +189,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
             raise DataError(f"data.max_prompt_length={max_prompt_length}: must be a positive integer")
         if truncation not in TRUNCATION_MODES:
             raise DataError(f"data.truncation={truncation!r}: use one of {TRUNCATION_MODES}")
-        self.files, self.tokenizer, self.prompt_key = files, tokenizer, prompt_key
+        self.files, self.tokenizer, self.prompt_key, self.reward_fn_key = files, tokenizer, prompt_key, reward_fn_key
         self.max_prompt_length = max_prompt_length
         self.pad_id = pad_token_id(tokenizer)
         self.num_filtered = self.num_truncated = 0
@@ -199,7 +201,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
             for i, row in enumerate(read_rows(path)):
                 if len(self._rows) == max_samples:  # verl's *_max_samples: the first kept rows
                     break
-                validate_row(row, path, i, prompt_key)
+                validate_row(row, path, i, prompt_key, reward_fn_key)
                 ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
                 if len(ids) > max_prompt_length:
                     if filter_overlong_prompts:
@@ -230,6 +232,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
         """Build from a data config (a mapping or an object with verl's key names); ``max_samples``
         (``data.train_max_samples`` / ``val_max_samples``) keeps the first kept rows, -1 all."""
         return cls(files, tokenizer, max_samples=max_samples,
+                   reward_fn_key=_setting(config, "reward_fn_key", "data_source"),
                    prompt_key=_setting(config, "prompt_key", "prompt"),
                    max_prompt_length=_setting(config, "max_prompt_length", 512),
                    filter_overlong_prompts=_setting(config, "filter_overlong_prompts", True),
@@ -250,7 +253,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            "data_source": row["data_source"],
+            "data_source": row[self.reward_fn_key],
             "ground_truth": row["reward_model"]["ground_truth"],
             "extra_info": dict(row.get("extra_info") or {}),
             "raw_prompt": row[self.prompt_key],

@@ -72,6 +72,11 @@ def test_default_paths_are_absolute_against_the_working_directory(tmp_path, monk
     assert cfg.data.val_files == [str(tmp_path / "data/arithmetic/val.parquet")]
     assert cfg.trainer.resume_mode == os.path.expanduser("~/ckpt/global_step_2")
     assert load_config({}).trainer.resume_mode == "auto"
+    # verl's form: resume_mode=resume_path with resume_from_path
+    verl = load_config({"trainer": {"resume_mode": "resume_path", "resume_from_path": "ckpt/global_step_4"}})
+    assert verl.trainer.resume_mode == str(tmp_path / "ckpt/global_step_4")
+    with pytest.raises(ConfigError, match="resume_mode=resume_path needs trainer.resume_from_path"):
+        load_config({"trainer": {"resume_mode": "resume_path"}})
 
 
 def test_unknown_override_without_plus_names_key_and_suggestion():

@@ -150,6 +150,8 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2),
      "ulysses_sequence_parallel_size=2: Ulysses sequence parallelism is not implemented; set it to 1"),
     (dict(trainer__default_hdfs_dir="hdfs://x"), "trainer.default_hdfs_dir='hdfs://x': HDFS upload is not"),
+    (dict(actor_rollout_ref__rollout__mode="async"), "actor_rollout_ref.rollout.mode='async': only sync"),
+    (dict(actor_rollout_ref__hybrid_engine=False), "actor_rollout_ref.hybrid_engine=false: the actor and"),
     (dict(reward_model__reward_manager="prime"), "reward_model.reward_manager='prime' is unknown"),
     (dict(reward_model__reward_manager="batch"), "reward_model.reward_manager=batch calls custom_reward_function"),
     (dict(trainer__val_only=True, data__val_files=[]), "trainer.val_only=true needs data.val_files"),

@@ -187,3 +187,13 @@ def test_max_samples_keeps_the_first_kept_rows_across_files(tmp_path, char_token
     assert ds.num_filtered == 2  # the second file stopped after its first row
     assert len(RLPromptDataset([first, second], char_tokenizer, max_prompt_length=12, max_samples=4)) == 4
     assert len(RLPromptDataset.from_config(first, char_tokenizer, {"max_prompt_length": 12}, max_samples=-1)) == 3
+
+
+def test_reward_fn_key_names_the_column_that_picks_the_reward_function(tmp_path, char_tokenizer):
+    """verl's data.reward_fn_key: the column passed on as data_source; a row without it is named."""
+    rows = [{"ability": "math", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}]
+    ds = RLPromptDataset.from_config(write(rows, tmp_path / "a.jsonl"), char_tokenizer,
+                                     {"max_prompt_length": 8, "reward_fn_key": "ability"})
+    assert ds[0]["data_source"] == "math"
+    with pytest.raises(DataError, match="row 0: key 'data_source'"):
+        RLPromptDataset(write(rows, tmp_path / "b.jsonl"), char_tokenizer, max_prompt_length=8)
