@@ -82,7 +82,8 @@ def read_inputs(cfg) -> RunInputs:
     train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data, data.train_max_samples)
     val_ds = (RLPromptDataset.from_config(data.val_files, tokenizer, data, data.val_max_samples)
               if data.val_files else None)
-    train_loader = ResumablePromptLoader(train_ds, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
+    train_loader = ResumablePromptLoader(train_ds, data.gen_batch_size or data.train_batch_size, shuffle=data.shuffle,
+                                         seed=data.seed)
     val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
                   if val_ds is not None else None)
     overlong = cfg.reward_model.overlong_buffer

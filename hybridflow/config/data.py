@@ -21,6 +21,9 @@ class DataConfig:
     max_prompt_length: int = 32
     max_response_length: int = 16
     train_batch_size: int = 8
+    # prompts generated per batch; more than train_batch_size only with algorithm.filter_groups
+    # (DAPO: generate extra, keep train_batch_size prompts whose samples differ). null: train_batch_size
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None
     train_max_samples: int = -1  # the first N prompts of train_files (after length filtering); -1: all
     val_max_samples: int = -1

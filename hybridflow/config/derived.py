@@ -72,7 +72,7 @@ class Derived:
 
 
 def _total_steps(cfg: RootConfig, dataset_len: int | None) -> tuple[int | None, int | None]:
-    per_epoch = None if dataset_len is None else dataset_len // cfg.data.train_batch_size
+    per_epoch = None if dataset_len is None else dataset_len // (cfg.data.gen_batch_size or cfg.data.train_batch_size)
     if cfg.trainer.total_training_steps is not None:
         return per_epoch, cfg.trainer.total_training_steps
     return per_epoch, (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)

@@ -55,6 +55,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("data.max_response_length", d.max_response_length, POSITIVE),
         _row("data.train_batch_size", d.train_batch_size, POSITIVE),
         _row("data.val_batch_size", d.val_batch_size, OPTIONAL_POSITIVE),
+        _row("data.gen_batch_size", d.gen_batch_size, OPTIONAL_POSITIVE),
         _row("data.train_max_samples", d.train_max_samples, MAX_SAMPLES),
         _row("data.val_max_samples", d.val_max_samples, MAX_SAMPLES),
         ("data.prompt_key", d.prompt_key, bool, "a column name"),

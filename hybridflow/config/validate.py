@@ -140,6 +140,13 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if not val.do_sample and val.n > 1:
         errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
                       "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
+    gen = cfg.data.gen_batch_size
+    if gen is not None and gen != cfg.data.train_batch_size and not alg.filter_groups.enable:
+        errors.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={cfg.data.train_batch_size}, "
+                      "which only algorithm.filter_groups.enable=true uses (it keeps train_batch_size prompts): "
+                      "set it to null")
+    if gen is not None and gen < cfg.data.train_batch_size and alg.filter_groups.enable:
+        errors.append(f"data.gen_batch_size={gen} must be >= data.train_batch_size={cfg.data.train_batch_size}")
     if alg.filter_groups.enable and r.n < 2:
         errors.append(f"algorithm.filter_groups.enable=true compares the samples of a prompt: set {ARR}.rollout.n>=2 "
                       f"(it is {r.n})")
