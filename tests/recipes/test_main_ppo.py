@@ -141,6 +141,22 @@ def test_ppo_with_critic_gae(recipe_assets, tmp_path):
 
 
 @pytest.mark.slow
+def test_dapo(recipe_assets, tmp_path):
+    """The dapo recipe: dynamic sampling (6 prompts generated per batch, 4 kept whose samples
+    differ), clip-higher, and the overlong penalty over the last 4 of 8 response tokens."""
+    out = str(tmp_path / "run")
+    result = run_main_ppo("dapo", recipe_assets.overrides(out) + [
+        "data.train_batch_size=4", "data.gen_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])
+    metrics = check_run(result, out, recipe_assets.model,
+                        extra_metrics=("filter_groups/num_gen_batches", "filter_groups/kept_prompts_frac",
+                                       "reward/overlong_penalty/mean", "reward/overlong/frac"))
+    for step in range(1, STEPS + 1):
+        assert metrics[step]["critic/advantages/max"] > 0  # every kept prompt's samples differ
+        assert metrics[step]["filter_groups/num_gen_batches"] >= 1
+
+
+@pytest.mark.slow
 def test_remax(recipe_assets, tmp_path):
     """Also: batches that do not split evenly over the 2 generation workers (3 prompts, and
     validation in batches of 3 with 2 sampled responses each) come back with the right rows; a
