@@ -11,7 +11,7 @@ from hybridflow.config import (
 )
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 
-RL_RECIPES = ["ppo", "grpo", "remax"]
+RL_RECIPES = ["ppo", "grpo", "remax", "dapo"]
 
 
 def test_base_yaml_is_exactly_the_dataclass_defaults():
@@ -34,7 +34,8 @@ def test_sft_yaml_is_exactly_the_dataclass_defaults():
 
 
 @pytest.mark.parametrize("name,estimator,critic,reference", [
-    ("ppo", "gae", True, False), ("grpo", "grpo", False, True), ("remax", "remax", False, True)])
+    ("ppo", "gae", True, False), ("grpo", "grpo", False, True), ("remax", "remax", False, True),
+    ("dapo", "grpo", False, False)])
 def test_recipes_compose_and_validate(name, estimator, critic, reference):
     cfg = load_config(compose_config(name, ["trainer.total_training_steps=3"]))
     assert cfg.algorithm.adv_estimator == estimator
