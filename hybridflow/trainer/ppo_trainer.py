@@ -173,8 +173,9 @@ class PPOTrainer:
         batches from the loader until ``data.train_batch_size`` of them are found."""
         fg, want = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
         n = self.cfg.actor_rollout_ref.rollout.n
-        kept, kept_baselines, found, generated = [], [], 0, 1
+        kept, kept_baselines, found, seen, generated = [], [], 0, 0, 1
         while True:
+            seen += len(batch) // n
             rows = torch.from_numpy(np.flatnonzero(informative_rows(batch.non_tensor_batch["uid"], values)))
             kept.append(batch[rows])
             kept_baselines.append(None if baselines is None else baselines[rows])
@@ -190,7 +191,7 @@ class PPOTrainer:
             batch, baselines, values = self._rollout(DataProto.from_single_dict(self.train_loader.next_batch()),
                                                      metrics)
         metrics.update({"filter_groups/num_gen_batches": generated, "filter_groups/kept_prompts_frac":
-                        found / (generated * want)})
+                        found / seen})
         batch = DataProto.concat(kept)[: want * n]
         baselines = None if kept_baselines[0] is None else torch.cat(kept_baselines)[: want * n]
         return batch, baselines
