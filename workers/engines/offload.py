@@ -45,14 +45,15 @@ class HostOffload:
     def place(self, params_on_host: bool, optimizer_on_host: bool) -> None:
         if not self.active:
             return
-        freed = False
+        moved = freed = False
         if params_on_host != self.params_on_host:
             self._move_params(HOST if params_on_host else self.device)
-            self.params_on_host, freed = params_on_host, freed or params_on_host
+            self.params_on_host, moved, freed = params_on_host, True, freed or params_on_host
         if optimizer_on_host != self.optimizer_on_host:
             self._move_optimizer(HOST if optimizer_on_host else self.device)
-            self.optimizer_on_host, freed = optimizer_on_host, freed or optimizer_on_host
-        hf_device.synchronize()  # the moves are non-blocking; the next kernel or free must see them
+            self.optimizer_on_host, moved, freed = optimizer_on_host, True, freed or optimizer_on_host
+        if moved:  # the moves are non-blocking; the next kernel or free must see them
+            hf_device.synchronize()
         if freed:
             hf_device.empty_cache()
 
