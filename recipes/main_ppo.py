@@ -76,7 +76,7 @@ def read_inputs(cfg) -> RunInputs:
     from hybridflow.trainer.checkpoint import open_resume
     from hybridflow.trainer.ppo_trainer import worker_layout
 
-    open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
+    resume = open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
     data = cfg.data
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
     train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data, data.train_max_samples)
@@ -84,6 +84,11 @@ def read_inputs(cfg) -> RunInputs:
               if data.val_files else None)
     train_loader = ResumablePromptLoader(train_ds, data.gen_batch_size or data.train_batch_size, shuffle=data.shuffle,
                                          seed=data.seed)
+    if resume is not None and not cfg.trainer.val_only:  # the data order must be the checkpointed run's
+        try:
+            train_loader.load_state_dict(resume[1]["loader"])
+        except ValueError as err:
+            raise CheckpointError(f"{resume[0]}: {err}") from err
     val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
                   if val_ds is not None else None)
     overlong = cfg.reward_model.overlong_buffer

@@ -274,7 +274,8 @@ class PPOTrainer:
         if found is None:
             return
         path, state = found
-        self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
+        if not t.val_only:  # an evaluation need not use the training data's settings
+            self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
         self.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.load_checkpoint(os.path.join(path, "critic"))

@@ -253,6 +253,32 @@ def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, case)
     assert "Traceback" not in result.stderr and "Ray" not in result.stderr and not os.path.exists(out)
 
 
+def test_resuming_with_other_data_is_refused_before_ray_and_val_only_ignores_it(recipe_assets, tmp_path):
+    """A checkpoint whose data loader saw another data set (here: 40 prompts, as with
+    data.train_max_samples=40) is refused while reading the inputs, naming the folder; an
+    evaluation (trainer.val_only) of the same checkpoint does not need the training data's order."""
+    import torch
+
+    from hybridflow.trainer import checkpoint as ckpt
+    from hybridflow.trainer.ppo_trainer import worker_layout
+    from recipes.main_ppo import load_and_validate, read_inputs
+
+    out = tmp_path / "run"
+    cfg = load_and_validate(["--config-name", "grpo", *recipe_assets.overrides(str(out))])
+    path = ckpt.step_dir(str(out), 2)
+    os.makedirs(path)
+    loader = {"epoch": 0, "batch_in_epoch": 2, "seed": cfg.data.seed, "batch_size": cfg.data.train_batch_size,
+              "dataset_size": 40, "shuffle": cfg.data.shuffle, "drop_last": True}
+    torch.save({"global_step": 2, "loader": loader}, os.path.join(path, ckpt.TRAINER_STATE))
+    ckpt.write_manifest(path, 2, worker_layout(cfg))
+    ckpt.write_tracker(str(out), 2)
+    with pytest.raises(ckpt.CheckpointError, match=r"global_step_2: cannot resume the data loader: checkpoint "
+                                                   r"has dataset_size=40"):
+        read_inputs(cfg)
+    cfg.trainer.val_only = True
+    assert read_inputs(cfg).train_loader.batch_in_epoch == 0
+
+
 @pytest.mark.slow
 def test_reward_function_raising_everywhere_stops_the_run_and_names_the_checkpoint(recipe_assets, tmp_path):
     """A broken reward function (raises on every sample) ends the run at its first scored batch with
