@@ -54,6 +54,16 @@ ENV_SWITCH = "HYBRIDFLOW_SHM_COLLECTIVES"
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def unlink_shm_segment(name: str, rank: int) -> None:
+    """Remove the /dev/shm name of this rank's buffer in vLLM's ``SHMManager`` group ``name``
+    (``init_shm_manager`` creates "<name>_<rank in group>"); the mappings stay valid. Missing
+    is fine: callers also use it to clear a stale name before creating it."""
+    try:
+        os.unlink(f"/dev/shm/{name}_{rank}")
+    except OSError:
+        pass
+
+
 def _kernels_available() -> bool:
     try:
         import vllm._custom_ops  # noqa: F401  (registers torch.ops._C on the CPU build)
@@ -100,10 +110,7 @@ class SharedMemoryGroup(dist.ProcessGroup):
         self._gloo.barrier(BarrierOptions()).wait()
         # every member has mapped every buffer: drop the names now, so a killed process leaves
         # nothing in /dev/shm (the mappings live until the processes exit)
-        try:
-            os.unlink(f"/dev/shm/{name}_{rank}")
-        except OSError:
-            pass
+        unlink_shm_segment(name, rank)
         self._gloo.barrier(BarrierOptions()).wait()  # so no name is left once new_group returns
         self._handle = handle
 

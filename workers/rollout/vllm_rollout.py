@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.device import device_type
+from hybridflow.shm_group import unlink_shm_segment
 from hybridflow.protocol import DataProto
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
                                   prompt_token_lists, resolve_sampling, special_token_ids,
@@ -98,17 +99,10 @@ def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
         shm_distributed._init_cpu_shm = _init_cpu_shm_unlinked
 
 
-def _unlink_shm(name: str) -> None:
-    # vLLM's SHMManager shm_open()s "<group name>_<rank in group>", which Linux keeps in /dev/shm
-    with contextlib.suppress(OSError):
-        os.unlink(os.path.join("/dev/shm", name))
-
-
 def _init_cpu_shm_unlinked(self) -> int:
-    own_segment = f"{self.group_name}_{self.communicator.rank}"
-    _unlink_shm(own_segment)
+    unlink_shm_segment(self.group_name, self.communicator.rank)  # a dead world's, of the same name
     handle = _VLLM_INIT_CPU_SHM(self)  # ends with a barrier after every rank joined every segment
-    _unlink_shm(own_segment)
+    unlink_shm_segment(self.group_name, self.communicator.rank)
     return handle
 
 
