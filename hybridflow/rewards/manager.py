@@ -96,16 +96,17 @@ class RewardManager:
         if bad:
             raise ValueError(f"reward: response length {bad[0]} outside [0, max_response_length={max_response_length}]")
 
-        results = (self._call_batched(responses, data_sources, ground_truths, extra_infos) if self.batched
-                   else [lambda i=i: self.compute_score(data_source=data_sources[i], solution_str=responses[i],
-                                                        ground_truth=ground_truths[i], extra_info=extra_infos[i])
-                         for i in range(batch)])
+        batch_results = (self._call_batched(responses, data_sources, ground_truths, extra_infos)
+                         if self.batched else None)
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
         errors, first_error = 0, None
-        for i, result in enumerate(results):
-            try:
-                score, extra = _as_score(result())
+        for i in range(batch):
+            try:  # a batch result is checked like a per-sample one (malformed: 0.0, counted)
+                result = batch_results[i] if self.batched else self.compute_score(
+                    data_source=data_sources[i], solution_str=responses[i],
+                    ground_truth=ground_truths[i], extra_info=extra_infos[i])
+                score, extra = _as_score(result)
             except Exception as exc:
                 errors += 1
                 first_error = first_error or exc
@@ -140,8 +141,7 @@ class RewardManager:
         return RewardResult(token_level_scores, scores, extra_columns, metrics)
 
     def _call_batched(self, responses, data_sources, ground_truths, extra_infos) -> list:
-        """One call for the batch; one thunk per sample, so each result is checked like a
-        per-sample one (a malformed entry scores 0.0 and counts in reward/errors)."""
+        """One call for the batch: its results, one per response."""
         try:
             results = self.compute_score(data_sources=list(data_sources), solution_strs=list(responses),
                                          ground_truths=list(ground_truths), extra_infos=list(extra_infos))
@@ -154,7 +154,7 @@ class RewardManager:
             got = f"{len(results)} results" if isinstance(results, Sequence) else type(results).__name__
             raise RewardFunctionError(f"reward_model.reward_manager=batch: the reward function returned {got} "
                                       f"for {len(responses)} responses; return one score (or dict) per response")
-        return [lambda r=r: r for r in results]
+        return list(results)
 
     def _log_error(self, index: int, data_source: Any, exc: Exception) -> None:
         if self._logged_errors < self.max_logged_errors:
