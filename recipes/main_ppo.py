@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config import ConfigError, cli_info, compose_config, derive, load_config, split_cli_args, validate
+from hybridflow.config.derived import prompts_per_generation_batch
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
@@ -82,7 +83,7 @@ def read_inputs(cfg) -> RunInputs:
     train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data, data.train_max_samples)
     val_ds = (RLPromptDataset.from_config(data.val_files, tokenizer, data, data.val_max_samples)
               if data.val_files else None)
-    train_loader = ResumablePromptLoader(train_ds, data.gen_batch_size or data.train_batch_size, shuffle=data.shuffle,
+    train_loader = ResumablePromptLoader(train_ds, prompts_per_generation_batch(cfg), shuffle=data.shuffle,
                                          seed=data.seed)
     if resume is not None and not cfg.trainer.val_only:  # the data order must be the checkpointed run's
         try:

@@ -71,8 +71,14 @@ class Derived:
     critic_warmup_steps: int | None
 
 
+def prompts_per_generation_batch(cfg: RootConfig) -> int:
+    """What the training data loader yields at a time: ``data.gen_batch_size`` (dynamic sampling
+    generates more than it trains on), else ``data.train_batch_size``."""
+    return cfg.data.gen_batch_size or cfg.data.train_batch_size
+
+
 def _total_steps(cfg: RootConfig, dataset_len: int | None) -> tuple[int | None, int | None]:
-    per_epoch = None if dataset_len is None else dataset_len // (cfg.data.gen_batch_size or cfg.data.train_batch_size)
+    per_epoch = None if dataset_len is None else dataset_len // prompts_per_generation_batch(cfg)
     if cfg.trainer.total_training_steps is not None:
         return per_epoch, cfg.trainer.total_training_steps
     return per_epoch, (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)
