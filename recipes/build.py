@@ -25,7 +25,7 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
                           "forward_prefetch": arr.ref.fsdp_config.forward_prefetch,
                           "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward,
                           **offload_kwargs(a.strategy, arr.ref.fsdp_config, arr.ref.megatron)})
-    objective = ActorObjective(clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
+    objective = ActorObjective(policy_loss=a.policy_loss.loss_mode, clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
                                clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
                                entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
                                kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,

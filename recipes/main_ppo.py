@@ -80,6 +80,8 @@ def read_inputs(cfg) -> RunInputs:
     resume = open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
     data = cfg.data
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    if cfg.actor_rollout_ref.model.custom_chat_template is not None:
+        tokenizer.chat_template = cfg.actor_rollout_ref.model.custom_chat_template
     train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data, data.train_max_samples)
     val_ds = (RLPromptDataset.from_config(data.val_files, tokenizer, data, data.val_max_samples)
               if data.val_files else None)

@@ -57,7 +57,7 @@ def run(cfg) -> dict:
               if m.strategy == "megatron" else (1, 1))
     engine = EngineConfig(strategy=m.strategy, tp=tp, pp=pp, param_dtype=m.param_dtype, lr=o.lr,
                           weight_decay=o.weight_decay, betas=tuple(o.betas), adam_eps=o.eps, warmup_steps=warmup,
-                          lr_schedule=o.lr_scheduler, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
+                          lr_schedule=o.schedule, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
                           grad_clip=o.clip_grad, micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
                           gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed,
                           fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,

@@ -98,6 +98,13 @@ class ActorRolloutRefWorker(Worker):
         self.register_mesh("rollout", self.rollout.dp_rank, self.rollout.dp_size, self.rollout.is_collect)
         self.rng = RNGStreams(generation_seed=s.seed + 1000 * self.rollout.dp_rank)
         self._weight_source, self._stats = self._make_weight_source()
+        # vLLM's dummy load leaves random weights, and generation syncs only after an actor update:
+        # mark them stale so the first generation (step 0's validation too) syncs first
+        if s.rollout.name == "vllm" and s.rollout.load_format == "dummy":
+            if self._weight_source is None:
+                raise ValueError("actor_rollout_ref.rollout.load_format=dummy needs the actor's weights to sync "
+                                 "into vLLM, and this worker has none: use load_format=auto")
+            self._weights_stale = True
 
     def _make_weight_source(self):
         """How this rank streams the actor's weights into the rollout (the resharding plan)."""

@@ -37,6 +37,7 @@ from hybridflow.algorithms.policy_loss import (
     PolicyLossConfig,
     PolicyLossOutput,
     get_policy_loss,
+    gspo_loss,
     ppo_clip_loss,
 )
 from hybridflow.algorithms.value_loss import ValueLossOutput, clipped_value_loss
@@ -48,6 +49,6 @@ __all__ = [
     "apply_kl_penalty", "get_kl_estimator", "kl_loss", "kl_penalty", "make_kl_controller",
     "LOSS_AGG_MODES", "agg_entropy", "agg_loss", "entropy_from_logits", "get_loss_agg",
     "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "POLICY_LOSSES", "PolicyLossConfig", "PolicyLossOutput", "get_policy_loss", "ppo_clip_loss",
+    "POLICY_LOSSES", "PolicyLossConfig", "PolicyLossOutput", "get_policy_loss", "gspo_loss", "ppo_clip_loss",
     "ValueLossOutput", "clipped_value_loss",
 ]

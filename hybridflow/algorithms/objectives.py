@@ -19,7 +19,7 @@ import torch
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.loss_agg import agg_entropy, agg_loss
 from hybridflow.algorithms.mini_batch_agg import mini_batch_agg
-from hybridflow.algorithms.policy_loss import PolicyLossConfig, ppo_clip_loss
+from hybridflow.algorithms.policy_loss import PolicyLossConfig, get_policy_loss
 from hybridflow.algorithms.value_loss import clipped_value_loss
 
 
@@ -29,6 +29,7 @@ def _f(x) -> float:
 
 @dataclass(frozen=True)
 class ActorObjective:
+    policy_loss: str = "vanilla"  # a name in POLICY_LOSSES (actor.policy_loss.loss_mode)
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -59,6 +60,7 @@ def make_actor_loss_fn(obj: ActorObjective):
     policy_cfg = PolicyLossConfig(clip_ratio=obj.clip_ratio, clip_ratio_low=obj.clip_ratio_low,
                                   clip_ratio_high=obj.clip_ratio_high, clip_ratio_c=obj.clip_ratio_c,
                                   loss_agg_mode=obj.loss_agg_mode)
+    policy_loss = get_policy_loss(obj.policy_loss)
 
     def loss_fn(outputs: dict, micro) -> tuple[torch.Tensor, dict[str, float]]:
         b = micro.batch
@@ -67,7 +69,7 @@ def make_actor_loss_fn(obj: ActorObjective):
         on_policy = "old_log_probs" not in b.keys()
         # No old log-probs: the update is strictly on-policy and this forward is the old policy.
         old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
-        pg = ppo_clip_loss(old_log_prob, log_prob, b["advantages"], mask, policy_cfg)
+        pg = policy_loss(old_log_prob, log_prob, b["advantages"], mask, policy_cfg)
         rows, meta, mode = len(micro), micro.meta_info, obj.loss_agg_mode
         loss = mini_batch_agg(pg.token_losses, mask, mode, meta, rows)
         metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),

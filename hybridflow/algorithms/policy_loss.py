@@ -98,12 +98,42 @@ def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, re
     return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, losses)
 
 
+def gspo_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+              config: PolicyLossConfig = PolicyLossConfig()) -> PolicyLossOutput:
+    """GSPO, Zheng et al. 2025 ("Group Sequence Policy Optimization"): the importance ratio is
+    the sequence's length-normalised likelihood ratio (eq. 7),
+        s_i = exp(1/|y_i| sum_t log(pi(y_it) / pi_old(y_it))),
+    clipped per sequence instead of per token. This is the GSPO-token form (eq. 13),
+        s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)],
+    whose value is s_i on every token and whose gradient is GSPO's when A_it = A_i (outcome
+    rewards), and which also takes per-token advantages. Loss: max(-A s_it, -A clip(s_it)).
+
+    Differences: no dual-clip (the paper has none; ``clip_ratio_c`` is ignored); the paper's
+    clip range is ~1e-3 (e.g. clip_ratio_low 3e-4, clip_ratio_high 4e-4) and its aggregation is
+    seq-mean-token-mean, set them in the config (recipes/config/gspo.yaml does).
+    """
+    mask = response_mask.to(log_prob.dtype)
+    token_log_ratio = log_prob - old_log_prob
+    seq_log_ratio = (token_log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    log_s = seq_log_ratio.detach().unsqueeze(-1) + log_prob - log_prob.detach()
+    ratio = torch.exp(log_s.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT))
+
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - config.low, 1.0 + config.high)
+    losses = torch.maximum(unclipped, clipped)
+    pg_clipfrac = masked_mean((clipped > unclipped).float(), response_mask)
+    ppo_kl = masked_mean(-token_log_ratio, response_mask)
+    pg_loss = agg_loss(losses, response_mask, config.loss_agg_mode)
+    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, torch.zeros((), dtype=losses.dtype), losses)
+
+
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossConfig], PolicyLossOutput]
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    # "vanilla" is verl's name for the same loss; both names are accepted.
+    # verl's name (its default); "ppo_clip" is the same loss under the paper's name
     "ppo_clip": ppo_clip_loss,
     "vanilla": ppo_clip_loss,
+    "gspo": gspo_loss,
 }
 
 
@@ -113,5 +143,5 @@ def get_policy_loss(name: str) -> PolicyLossFn:
         return POLICY_LOSSES[name]
     except KeyError:
         raise ValueError(
-            f"unknown actor.policy_loss {name!r}; known: {sorted(POLICY_LOSSES)}"
+            f"unknown actor.policy_loss.loss_mode {name!r}; known: {sorted(POLICY_LOSSES)}"
         ) from None

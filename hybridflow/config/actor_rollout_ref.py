@@ -7,6 +7,7 @@ it by ``rollout.n``); every ``*_micro_batch_size_per_gpu`` counts *sequences* pe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridflow.config.common import FSDPConfig, MegatronConfig, OptimConfig, path_field
 
@@ -20,6 +21,19 @@ class ModelConfig:
     # run each distinct prompt of a micro-batch once and share its KV cache among its samples
     # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
+    custom_chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
+    # verl keys accepted at their "off" value only (verl_keys.unsupported_errors says why)
+    lora_rank: int = 0
+    use_liger: bool = False
+    use_fused_kernels: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass
+class PolicyLossChoice:
+    """verl's ``actor.policy_loss`` section: which surrogate the actor minimises."""
+
+    loss_mode: str = "vanilla"  # vanilla (PPO clip; also "ppo_clip") | gspo: hybridflow.algorithms.POLICY_LOSSES
 
 
 @dataclass
@@ -27,6 +41,7 @@ class ActorConfig:
     strategy: str = "fsdp"  # fsdp | megatron
     ppo_mini_batch_size: int = 4  # prompts per optimizer step (x rollout.n sequences)
     ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward on one worker
+    ppo_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
     # micro-batches by token budget instead of row count (workers/engines/token_budget.py)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # padded tokens per micro-batch with use_dynamic_bsz
@@ -35,7 +50,7 @@ class ActorConfig:
     # optimizer step per batch: ppo_epochs 1, one mini-batch, no KL in the reward); always: always run it
     recompute_old_log_prob: str = "auto"
     shuffle: bool = False  # reshuffle sequences between ppo_epochs
-    policy_loss: str = "ppo_clip"  # a name in hybridflow.algorithms.POLICY_LOSSES
+    policy_loss: PolicyLossChoice = field(default_factory=PolicyLossChoice)
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None  # None: clip_ratio
     clip_ratio_high: float | None = None  # None: clip_ratio
@@ -51,6 +66,9 @@ class ActorConfig:
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights)
     grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
     ulysses_sequence_parallel_size: int = 1  # verl's key; only 1 (no sequence parallelism)
+    # verl compiles its log-prob/entropy kernels with torch.compile; the engines here run eager.
+    # Accepted, either value, so verl scripts run unchanged
+    use_torch_compile: bool = True
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -65,6 +83,14 @@ class ValKwargsConfig:
     top_p: float = 1.0
     top_k: int = -1
     n: int = 1
+
+
+@dataclass
+class RolloutEngineKwargs:
+    """Extra keyword arguments for the generation engine's constructor, passed through as given
+    (verl's ``rollout.engine_kwargs``; add keys with ``+``: ``+...engine_kwargs.vllm.max_logprobs=5``)."""
+
+    vllm: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,10 +120,18 @@ class RolloutConfig:
     dtype: str = "auto"  # auto (the actor's param_dtype) | float32 | bfloat16 | float16
     free_cache_engine: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     # weight sync: full-size HF tensors alive at once per worker (verl's key)
     update_weights_bucket_megabytes: int = 64
+    do_sample: bool = True  # false: greedy training rollouts (temperature 0; then n must be 1)
+    ignore_eos: bool = False  # true: every response runs to data.max_response_length
+    max_model_len: int | None = None  # vLLM's context length; None: max_prompt_length + max_response_length
+    enable_prefix_caching: bool = True  # vLLM reuses cached KV blocks of shared prompt prefixes
+    disable_log_stats: bool = True  # vLLM's periodic throughput log lines
+    load_format: str = "auto"  # auto: vLLM reads the checkpoint | dummy: random init, the first sync fills it
+    engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
 
@@ -112,6 +146,7 @@ class RefMegatronConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # with actor.strategy=fsdp

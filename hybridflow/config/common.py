@@ -27,8 +27,18 @@ class OptimConfig:
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     lr_scheduler: str = "constant"  # constant | cosine
+    warmup_style: str | None = None  # verl's PPO name for lr_scheduler; when set, it wins
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0  # max global grad L2 norm; <= 0 disables clipping
+
+    @property
+    def schedule(self) -> str:
+        return self.warmup_style or self.lr_scheduler
+
+    @property
+    def schedule_key(self) -> str:
+        """The key the schedule was read from, for error messages."""
+        return "warmup_style" if self.warmup_style else "lr_scheduler"
 
 
 @dataclass

@@ -32,6 +32,8 @@ class CriticConfig:
     ppo_mini_batch_size: int | None = None
     ppo_micro_batch_size_per_gpu: int = 4
     forward_micro_batch_size_per_gpu: int | None = None  # values pass; null: ppo_micro_batch_size_per_gpu
+    ppo_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
+    forward_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
     use_dynamic_bsz: bool = False  # micro-batches by token budget (workers/engines/token_budget.py)
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int | None = None  # values pass; null: ppo_max_token_len_per_gpu

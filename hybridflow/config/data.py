@@ -6,6 +6,7 @@ sequences. ``val_batch_size`` None means the whole validation set in one generat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridflow.config.common import PATH
 
@@ -30,6 +31,10 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right (only when not filtering)
     apply_chat_template: bool | None = None  # None: when the tokenizer has a template
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # the template's variables
+    # verl's loader worker processes; prompts are tokenized once at start-up here and the loader
+    # only indexes them, so there is nothing for worker processes to do: any value runs the same
+    dataloader_num_workers: int = 0
     shuffle: bool = True
     seed: int = 0
     # verl's key (verl re-templates the raw chat for a reward model with its own tokenizer), kept

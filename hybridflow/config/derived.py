@@ -146,7 +146,7 @@ def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_o
         reshard_after_forward=fsdp_config.reshard_after_forward,
         **offload_kwargs(strategy, fsdp_config, megatron),
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
-        warmup_steps=warmup or 0, lr_schedule=optim.lr_scheduler, total_steps=total_opt_steps or 0,
+        warmup_steps=warmup or 0, lr_schedule=optim.schedule, total_steps=total_opt_steps or 0,
         min_lr_ratio=optim.min_lr_ratio, micro_batch_size_per_gpu=micro,
         grad_clip=optim.clip_grad if grad_clip is None else grad_clip,  # verl has both keys
         infer_micro_batch_size_per_gpu=infer_micro, max_token_len_per_gpu=max_tokens,
@@ -204,15 +204,23 @@ ROLLOUT_DTYPE_OF_PARAM_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def rollout_engine_kwargs(cfg: RootConfig) -> dict:
-    """Arguments of ``workers.rollout.base.RolloutConfig`` (prompt/response widths from data)."""
+    """Arguments of ``workers.rollout.base.RolloutConfig`` (prompt/response widths from data).
+
+    verl's dummy_* load formats (dummy_dtensor, dummy_hf, dummy_megatron: named after the
+    training backend that fills the weights) are all vLLM's "dummy" random init."""
     r = cfg.actor_rollout_ref.rollout
     dtype = ROLLOUT_DTYPE_OF_PARAM_DTYPE[cfg.actor_rollout_ref.actor.param_dtype] if r.dtype == "auto" else r.dtype
     return dict(
         name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        do_sample=r.do_sample, ignore_eos=r.ignore_eos,
         prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length,
+        max_model_len=r.max_model_len,
         tensor_model_parallel_size=r.tensor_model_parallel_size,
         gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
         cpu_live_weights=r.cpu_live_weights,
         max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
         enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager, dtype=dtype,
+        enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
+        load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
+        vllm_engine_kwargs=dict(r.engine_kwargs.vllm),
         seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)

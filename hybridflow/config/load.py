@@ -40,6 +40,20 @@ def dotted_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
+def mapping_keys(cls: type, prefix: str = "") -> list[str]:
+    """Dotted keys of the dict-typed fields of a config dataclass tree (``reward_kwargs``,
+    ``engine_kwargs.vllm``): their own keys are the user's, so no schema lists them."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        key, tp = f"{prefix}{f.name}", typing.get_type_hints(cls)[f.name]
+        if any(typing.get_origin(t) is dict for t in (tp, *typing.get_args(tp))):
+            keys.append(key)
+        sub = _dataclass_in(tp)
+        if sub is not None:
+            keys.extend(mapping_keys(sub, key + "."))
+    return keys
+
+
 def unknown_key_message(key: str, valid_keys: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, valid_keys, n=1, cutoff=0.6)
     if not close:  # e.g. a short key: compare the last part against its siblings only
@@ -100,7 +114,9 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
                    schema: type = RootConfig):
     """Hydra's compose API with verl-style errors: an override of a key that does not exist
     raises :class:`ConfigError` naming it and the closest valid key (Hydra's own message only
-    suggests ``+key=``). Returns the composed DictConfig; pass it to :func:`load_config`."""
+    suggests ``+key=``), or, for a new key under a free-form mapping (:func:`mapping_keys`), the
+    ``+key=value`` override that adds it. Returns the composed DictConfig; pass it to
+    :func:`load_config`."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -109,11 +125,20 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
         with initialize_config_dir(config_dir=config_dir or RECIPES_CONFIG_DIR, version_base=None):
             return compose(config_name=config_name, overrides=overrides)
     except HydraException as exc:
-        valid = dotted_keys(schema)
-        unknown = [key for key in (_override_key(o) for o in overrides)
-                   if key is not None and key not in valid]
-        if unknown:
-            raise ConfigError("; ".join(unknown_key_message(k, valid) for k in unknown)) from exc
+        valid, mappings = dotted_keys(schema), mapping_keys(schema)
+        messages = []
+        for override in overrides:
+            key = _override_key(override)
+            if key is None or key in valid:
+                continue
+            mapping = next((m for m in mappings if key.startswith(m + ".")), None)
+            if mapping is None:
+                messages.append(unknown_key_message(key, valid))
+            elif not override.startswith("+"):  # with '+' Hydra adds it: another override failed
+                messages.append(f"config key '{key}' is new: '{mapping}' is a free-form mapping, so add "
+                                f"a key to it with Hydra's '+' prefix: +{override}")
+        if messages:
+            raise ConfigError("; ".join(messages)) from exc
         raise ConfigError(str(exc).strip().replace("\n", " ")) from exc
 
 
@@ -200,8 +225,10 @@ class _Builder:
 
     def build(self, cls: type, data: Any, prefix: str) -> Any:
         if not isinstance(data, Mapping):
+            keys = ", ".join(f.name for f in dataclasses.fields(cls))
             self.errors.append(f"config key '{prefix.rstrip('.')}' must be a section (a mapping of "
-                               f"keys), got {type(data).__name__} {data!r}")
+                               f"keys: {keys}), got {type(data).__name__} {data!r}: set one of its keys, "
+                               f"e.g. {prefix}{dataclasses.fields(cls)[0].name}=...")
             return cls()
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -261,7 +288,8 @@ def cli_info(argv: Sequence[str], default_config_name: str, usage: str,
              schema: type = RootConfig) -> str | None:
     """What ``--help`` / ``-h`` and Hydra's ``--cfg job`` ask an entry point to print instead of
     running, or None to run. ``--cfg job`` (also ``all``) prints the composed config as YAML
-    after the overrides, so a user sees every key and value the run would get."""
+    after the overrides, so a user sees every key and value the run would get; keys the run
+    would reject (unknown, wrongly typed) are rejected here too."""
     args = list(argv)
     if "--help" in args or "-h" in args:
         configs = sorted(p.stem for p in Path(RECIPES_CONFIG_DIR).glob("*.yaml"))
@@ -276,4 +304,6 @@ def cli_info(argv: Sequence[str], default_config_name: str, usage: str,
     from omegaconf import OmegaConf
 
     name, overrides = split_cli_args(args[:at] + args[at + 2:], default_config_name)
-    return OmegaConf.to_yaml(compose_config(name, overrides, schema=schema)).rstrip()
+    composed = compose_config(name, overrides, schema=schema)
+    to_dataclass(schema, composed)  # an added (+) key or a wrong type fails here as it would in a run
+    return OmegaConf.to_yaml(composed).rstrip()

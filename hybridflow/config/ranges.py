@@ -117,6 +117,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("trainer.log_val_generations", t.log_val_generations, NON_NEGATIVE),
         _row("trainer.test_freq", t.test_freq, FREQ),
         _row("trainer.max_actor_ckpt_to_keep", t.max_actor_ckpt_to_keep, OPTIONAL_POSITIVE),
+        _row("trainer.max_critic_ckpt_to_keep", t.max_critic_ckpt_to_keep, OPTIONAL_POSITIVE),
         _row("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
         _row("trainer.separate_pool_gpus_per_node", t.separate_pool_gpus_per_node, POSITIVE),
         _row("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0),

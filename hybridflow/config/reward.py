@@ -35,6 +35,7 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size_per_gpu: int = 8
+    micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
 
 
 @dataclass

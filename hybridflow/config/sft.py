@@ -110,7 +110,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
     errors += [f"{k}={val!r} must be {what}" for k, val, ok, what in optim_rows("optim", cfg.optim)
                if not ok(val)]
     names = [("model.strategy", m.strategy, STRATEGIES), ("model.param_dtype", m.param_dtype, PARAM_DTYPES),
-             ("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULERS),
+             (f"optim.{cfg.optim.schedule_key}", cfg.optim.schedule, LR_SCHEDULERS),
              ("data.truncation", d.truncation, TRUNCATION_MODES), ("trainer.device", t.device, DEVICES)]
     errors += [unknown_name(k, val, allowed) for k, val, allowed in names if val not in allowed]
     errors += [unknown_name("trainer.logger", n, BACKENDS) for n in t.logger if n not in BACKENDS]

@@ -32,6 +32,12 @@ class TrainerConfig:
     resume_mode: str = "auto"  # auto | disable | a checkpoint directory path | resume_path (verl's)
     resume_from_path: str | None = field(default=None, metadata=PATH)  # with resume_mode=resume_path
     max_actor_ckpt_to_keep: int | None = None  # None: keep all
+    # verl keeps actor and critic checkpoints apart; here one global_step_N folder holds both, so
+    # the smaller of the two limits applies to the folders
+    max_critic_ckpt_to_keep: int | None = None
+    # folders for verl's generation dumps: one <step>.jsonl per training step / per validation
+    rollout_data_dir: str | None = field(default=None, metadata=PATH)
+    validation_data_dir: str | None = field(default=None, metadata=PATH)
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project_name: str = "hybridflow"
     experiment_name: str = "demo"

@@ -20,7 +20,9 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import range_errors
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_keys import overlong_buffer_errors, rollout_errors, unsupported_errors
+from hybridflow.config.verl_keys import (
+    convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     errors = (algorithm_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg) + unsupported_errors(cfg)
               + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
-        errors += batch_errors(cfg)
+        errors += convert_global_micro_batch_sizes(cfg) + batch_errors(cfg)
     if check_paths:
         errors += path_errors(cfg)
         if model_config is None:
@@ -91,17 +93,17 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, KL_CONTROLLERS),
         (f"{ARR}.actor.kl_loss_type", a.kl_loss_type, KL_ESTIMATORS),
         (f"{ARR}.actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES),
-        (f"{ARR}.actor.policy_loss", a.policy_loss, POLICY_LOSSES),
+        (f"{ARR}.actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES),
         (f"{ARR}.actor.recompute_old_log_prob", a.recompute_old_log_prob, ("auto", "always")),
         (f"{ARR}.actor.strategy", a.strategy, STRATEGIES),
         (f"{ARR}.actor.param_dtype", a.param_dtype, PARAM_DTYPES),
-        (f"{ARR}.actor.optim.lr_scheduler", a.optim.lr_scheduler, LR_SCHEDULERS),
+        (f"{ARR}.actor.optim.{a.optim.schedule_key}", a.optim.schedule, LR_SCHEDULERS),
         (f"{ARR}.rollout.name", r.name, ROLLOUT_NAMES),
         (f"{ARR}.rollout.dtype", r.dtype, ROLLOUT_DTYPES),
         ("critic.strategy", c.strategy, STRATEGIES),
         ("critic.param_dtype", c.param_dtype, PARAM_DTYPES),
         ("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES),
-        ("critic.optim.lr_scheduler", c.optim.lr_scheduler, LR_SCHEDULERS),
+        (f"critic.optim.{c.optim.schedule_key}", c.optim.schedule, LR_SCHEDULERS),
         ("data.truncation", cfg.data.truncation, TRUNCATION_MODES),
         ("trainer.device", t.device, DEVICES),
         ("trainer.placement", t.placement, PLACEMENTS),
@@ -359,6 +361,13 @@ def path_errors(cfg: RootConfig) -> list[str]:
     need("custom_reward_function.path", cfg.custom_reward_function.path, "file")
     if cfg.trainer.resume_mode not in RESUME_MODES:
         need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
+    from hybridflow.trainer.generations import writable_folder_error
+
+    for key in ("rollout_data_dir", "validation_data_dir"):  # created here: a bad one fails now, not mid-run
+        folder = getattr(cfg.trainer, key)
+        problem = folder is not None and writable_folder_error(folder)
+        if problem:
+            errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use a writable folder or null")
     return errors
 
 
@@ -392,3 +401,9 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
     if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
         logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
                        "its values are not used", cfg.algorithm.adv_estimator)
+    low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
+    high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
+    if a.policy_loss.loss_mode == "gspo" and (a.loss_agg_mode != "seq-mean-token-mean" or max(low, high) > 0.01):
+        logger.warning("actor.policy_loss.loss_mode=gspo with loss_agg_mode=%s, clip_ratio_low/high %s/%s: the "
+                       "GSPO paper uses seq-mean-token-mean and a clip range near 1e-3 (low 3e-4, high 4e-4), "
+                       "as --config-name gspo sets", a.loss_agg_mode, low, high)

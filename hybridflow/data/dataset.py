@@ -107,10 +107,13 @@ def validate_row(row: Any, path: str, index: int, prompt_key: str, source_key: s
         raise _row_error(path, index, "extra_info", f"must be a dict when present, got {type(extra).__name__}")
 
 
-def prompt_text(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template: bool | None = None) -> str:
+def prompt_text(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template: bool | None = None,
+                template_kwargs: Mapping | None = None) -> str:
     """The text the model sees for ``prompt`` (see the module docstring for the rules).
 
     ``apply_chat_template=None`` means: use the template when the tokenizer has one.
+    ``template_kwargs`` (verl's ``data.apply_chat_template_kwargs``) reach the template's
+    variables, e.g. ``enable_thinking=False`` for Qwen3.
     """
     if isinstance(prompt, str):
         return prompt
@@ -122,11 +125,13 @@ def prompt_text(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template:
         if not has_template:
             raise DataError("data.apply_chat_template=True but the tokenizer has no chat_template: "
                              "set it to false or use a tokenizer with a template")
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **(template_kwargs or {}))
     return "\n".join(m["content"] for m in messages)
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template: bool | None = None) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template: bool | None = None,
+                  template_kwargs: Mapping | None = None) -> list[int]:
     """Token ids of one prompt, unpadded. The SFT trainer uses this too, so warm start and RL agree.
 
     Templated text already contains its special tokens (add_special_tokens=False, as verl does);
@@ -135,7 +140,7 @@ def encode_prompt(tokenizer, prompt: str | Sequence[Mapping], apply_chat_templat
     templated = not isinstance(prompt, str) and (
         apply_chat_template if apply_chat_template is not None
         else getattr(tokenizer, "chat_template", None) is not None)
-    text = prompt_text(tokenizer, prompt, apply_chat_template)
+    text = prompt_text(tokenizer, prompt, apply_chat_template, template_kwargs)
     return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
 
 
@@ -179,7 +184,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
     def __init__(self, files: str | Sequence[str], tokenizer, *, prompt_key: str = "prompt",
                  max_prompt_length: int = 512, filter_overlong_prompts: bool = True,
                  truncation: str = "error", apply_chat_template: bool | None = None, max_samples: int = -1,
-                 reward_fn_key: str = "data_source"):
+                 reward_fn_key: str = "data_source", template_kwargs: Mapping | None = None):
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         files = [os.fspath(f) for f in files]
@@ -202,7 +207,7 @@ class RLPromptDataset(torch.utils.data.Dataset):
                 if len(self._rows) == max_samples:  # verl's *_max_samples: the first kept rows
                     break
                 validate_row(row, path, i, prompt_key, reward_fn_key)
-                ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
+                ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template, template_kwargs)
                 if len(ids) > max_prompt_length:
                     if filter_overlong_prompts:
                         self.num_filtered += 1
@@ -237,7 +242,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
                    max_prompt_length=_setting(config, "max_prompt_length", 512),
                    filter_overlong_prompts=_setting(config, "filter_overlong_prompts", True),
                    truncation=_setting(config, "truncation", "error"),
-                   apply_chat_template=_setting(config, "apply_chat_template", None))
+                   apply_chat_template=_setting(config, "apply_chat_template", None),
+                   template_kwargs=_setting(config, "apply_chat_template_kwargs", None))
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -190,6 +190,17 @@ def set_controller_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def folders_to_keep(max_actor: int | None, max_critic: int | None, has_critic: bool) -> int | None:
+    """How many global_step_N folders ``prune`` keeps (None: all), from verl's
+    ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``. verl prunes each role's
+    checkpoints on its own; here one folder holds both roles, so a folder is deleted with both
+    inside, and the smaller limit wins: keeping more folders would keep more checkpoints of that
+    role than its limit allows (typically a disk quota), keeping fewer breaks neither limit. The
+    critic's limit counts only when the run trains a critic."""
+    limits = [k for k in (max_actor, max_critic if has_critic else None) if k is not None]
+    return min(limits) if limits else None
+
+
 def prune(root: str, keep: int | None) -> list[int]:
     """Delete the oldest global_step_* folders beyond the newest ``keep`` (None or <= 0 keeps all);
     the folder the tracker names is never deleted. Returns the deleted steps."""

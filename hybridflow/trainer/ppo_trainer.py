@@ -24,7 +24,9 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
-from hybridflow.trainer.val_generations import sample_rows, write_val_generations
+from hybridflow.trainer.generations import (
+    carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
+)
 
 
 @contextmanager
@@ -113,6 +115,7 @@ class PPOTrainer:
                 batch = batch.reorder(order)
                 baselines = None if baselines is None else baselines[order]
                 metrics.update(balance_metrics)
+            carried = take_carried(batch) if cfg.trainer.rollout_data_dir else None  # kept off the workers
             if not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))
@@ -135,6 +138,10 @@ class PPOTrainer:
                     metrics.update(_mean_dicts(self.actor.update_actor(batch)))
         metrics.update(data_metrics(batch, use_critic=self.critic is not None))
         metrics.update(throughput_metrics(batch, metrics, self.actor.world_size))
+        if carried is not None:
+            with timer("dump_rollout", metrics):
+                dump_generations(cfg.trainer.rollout_data_dir, self.global_step,
+                                 rollout_rows(batch, carried, self.tokenizer))
         return metrics
 
     # ------------------------------------------------------------------ pieces
@@ -162,9 +169,11 @@ class PPOTrainer:
         batch.pop(["input_ids", "attention_mask", "position_ids"])
         batch.union(gen_out)
         with timer("reward", metrics):
-            token_scores, scores, reward_metrics, extra = self.score(batch)
+            token_scores, scores, reward_metrics, extra, texts = self.score(batch)
             batch.batch["token_level_scores"] = token_scores
             metrics.update(reward_metrics)
+        if self.cfg.trainer.rollout_data_dir:  # the dump reuses these texts: no second decode
+            carry(batch, texts, extra)
         fg = self.cfg.algorithm.filter_groups
         return batch, baselines, metric_values(fg.metric, scores, extra) if fg.enable else None
 
@@ -198,18 +207,18 @@ class PPOTrainer:
 
     def score(self, batch: DataProto):
         """(token_level_scores [B,R], per-sample scores, metrics, the reward function's extra fields
-        per sample) from the RM or the reward function."""
+        per sample, the decoded responses or None) from the RM or the reward function."""
         if self.rm is not None:
             rm = self.rm.compute_rm_score(batch).batch["rm_scores"]
             scores = rm.sum(-1).tolist()
-            return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}, {}
+            return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}, {}, None
         responses, mask = batch.batch["responses"], batch.batch["response_mask"]
         lengths = mask.sum(-1).tolist()
         texts = [self.tokenizer.decode(r[:l].tolist(), skip_special_tokens=True) for r, l in zip(responses, lengths)]
         nt = batch.non_tensor_batch
         result = self.reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]),
                                      list(nt["ground_truth"]), list(nt.get("extra_info", [None] * len(texts))))
-        return result.token_level_scores, result.scores, result.metrics, result.extra
+        return result.token_level_scores, result.scores, result.metrics, result.extra, texts
 
     def compute_advantages(self, batch: DataProto, baselines, metrics: dict) -> None:
         algo, b = self.cfg.algorithm, batch.batch
@@ -229,8 +238,9 @@ class PPOTrainer:
 
     def validate(self) -> dict:
         """Greedy (by default) generation on the whole validation set; val/score/mean."""
-        vk, keep = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer.log_val_generations
-        scores, sources, samples = [], [], []
+        vk, t = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer
+        keep = t.log_val_generations
+        scores, sources, samples = [], [], []  # samples: text rows for log_val_generations / validation_data_dir
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -240,13 +250,17 @@ class PPOTrainer:
             out.meta_info.pop("metrics", None)
             rep = batch.repeat(vk.n, interleave=True)
             out.non_tensor_batch.update(rep.non_tensor_batch)
-            batch_scores = self.score(out)[1]
-            if len(samples) < keep:
-                samples += sample_rows(out, batch_scores, self.tokenizer, keep - len(samples))
+            _, batch_scores, _, extra, texts = self.score(out)
+            wanted = len(out) if t.validation_data_dir else keep - len(samples)
+            if wanted > 0:
+                samples += generation_rows(out, batch_scores, self.tokenizer, texts, extras_per_row(extra, len(out)),
+                                           limit=wanted)
             scores += batch_scores
             sources += list(rep.non_tensor_batch["data_source"])
         if keep:
-            write_val_generations(self.cfg.trainer.default_local_dir, self.global_step, samples)
+            write_val_generations(t.default_local_dir, self.global_step, samples[:keep])
+        if t.validation_data_dir:
+            dump_generations(t.validation_data_dir, self.global_step, samples)
         result = {"val/score/mean": float(np.mean(scores))}
         for src in sorted(set(sources)):
             result[f"val/score/{src}/mean"] = float(np.mean([s for s, d in zip(scores, sources) if d == src]))
@@ -261,9 +275,10 @@ class PPOTrainer:
         self.actor.save_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.save_checkpoint(os.path.join(path, "critic"))
+        keep = ckpt.folders_to_keep(t.max_actor_ckpt_to_keep, t.max_critic_ckpt_to_keep, self.critic is not None)
         return ckpt.finish_save(t.default_local_dir, self.global_step,
                                 {"loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
-                                self.worker_layout(), t.max_actor_ckpt_to_keep)
+                                self.worker_layout(), keep)
 
     def worker_layout(self) -> dict:
         return worker_layout(self.cfg)

@@ -18,6 +18,7 @@ import pytest
 from tests.recipes.conftest import run_main_ppo
 
 STEPS, TEST_FREQ = 2, 2
+VAL_SIZE = 8  # validation prompts in conftest's data set; val_kwargs.n=1
 # What every run logs on every step; the values must be finite numbers.
 STEP_METRICS = ("critic/score/mean", "critic/advantages/max", "response_length/mean", "actor/pg_loss",
                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "timing_s/gen",
@@ -34,6 +35,19 @@ def _read_metrics(out_dir: str) -> dict[int, dict]:
             row = json.loads(line)
             assert row["step"] not in by_step, f"step {row['step']} logged twice"
             by_step[row["step"]] = row
+    return by_step
+
+
+def _read_dump(folder: str, steps) -> dict[int, list[dict]]:
+    """``<folder>/<step>.jsonl`` for exactly ``steps``, each row with verl's fields."""
+    assert sorted(os.listdir(folder)) == sorted(f"{step}.jsonl" for step in steps), os.listdir(folder)
+    by_step = {}
+    for step in steps:
+        with open(os.path.join(folder, f"{step}.jsonl")) as f:
+            by_step[step] = [json.loads(line) for line in f]
+        for row in by_step[step]:
+            assert {"input", "output", "gts", "score", "step", "data_source"} <= set(row), row
+            assert row["step"] == step and row["input"].endswith("="), row
     return by_step
 
 
@@ -87,8 +101,9 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
         # 2 mini-batches per step: the second is off-policy, so clipping and ppo_kl are exercised
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.log_val_generations=3"])
-    metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss",))
+        "trainer.log_val_generations=3", f"trainer.rollout_data_dir={out}/rollout",
+        f"trainer.validation_data_dir={out}/validation"])
+    metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"))
     assert metrics[1]["actor/ppo_kl"] != 0.0
     # 3 validation samples as text at each validation (before training and at the last step)
     with open(os.path.join(out, "val_generations.jsonl")) as f:
@@ -96,6 +111,16 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
     assert [s["step"] for s in samples] == [0, 0, 0, STEPS, STEPS, STEPS]
     assert [s["input"] for s in samples[:3]] == [s["input"] for s in samples[3:]]  # the same prompts
     assert all(s["input"].endswith("=") and 0.0 <= s["score"] <= 1.0 for s in samples), samples
+    # verl's generation dumps: every sequence of each step (4 prompts x n=2), every validation sample
+    rollout = _read_dump(os.path.join(out, "rollout"), range(1, STEPS + 1))
+    validation = _read_dump(os.path.join(out, "validation"), (0, STEPS))
+    for step, rows in rollout.items():
+        assert len(rows) == 4 * 2, (step, len(rows))
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(metrics[step]["critic/score/mean"], abs=1e-6)
+    for step, rows in validation.items():
+        assert len(rows) == VAL_SIZE, (step, len(rows))
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(metrics[step]["val/score/mean"], abs=1e-6)
+    assert validation[0][:3] == samples[:3]  # one set of rows serves both files
 
     # trainer.val_only on the exported model: greedy validation reproduces the last one, no training
     evaluation = str(tmp_path / "val_only")
@@ -277,6 +302,24 @@ def test_resuming_with_other_data_is_refused_before_ray_and_val_only_ignores_it(
         read_inputs(cfg)
     cfg.trainer.val_only = True
     assert read_inputs(cfg).train_loader.batch_in_epoch == 0
+
+
+def test_custom_chat_template_templates_every_prompt(recipe_assets, tmp_path):
+    """actor_rollout_ref.model.custom_chat_template replaces the tokenizer's template before the
+    prompts are tokenized (the tiny tokenizer has none: without it the contents are joined)."""
+    from hybridflow.data import encode_prompt
+    from recipes.main_ppo import load_and_validate, read_inputs
+
+    template = "{% for m in messages %}={{ m.content }}{% endfor %}{% if add_generation_prompt %}+{% endif %}"
+    args = ["--config-name", "grpo", *recipe_assets.overrides(str(tmp_path / "run"))]
+    plain = read_inputs(load_and_validate(args)).train_loader.dataset
+    templated = read_inputs(load_and_validate(args + [f"actor_rollout_ref.model.custom_chat_template='{template}'"]))
+    ds = templated.train_loader.dataset
+    assert templated.tokenizer.chat_template == template
+    row = ds[0]
+    ids = row["input_ids"][row["attention_mask"].bool()].tolist()
+    assert ids == encode_prompt(templated.tokenizer, row["raw_prompt"])
+    assert ids != plain.prompt_ids(0) and len(ids) == len(plain.prompt_ids(0)) + 2
 
 
 @pytest.mark.slow

@@ -9,6 +9,9 @@ padded RL batch (``responses``, ``response_mask``, ``input_ids``, ``attention_ma
 ``log_softmax(logits / temperature)`` after top-k/top-p truncation (with top_k/top_p off this is
 exactly the contract's formula). Greedy decoding (``do_sample=False``) reports temperature-1
 log-probs.
+
+``ignore_eos`` (vLLM's ``SamplingParams.ignore_eos``): EOS is generated like any other token and
+is no stop token here either, so responses run to ``max_tokens`` (or a caller's extra stop id).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from hybridflow.protocol import DataProto
 ROLLOUT_NAMES = ("vllm", "hf")
 # meta_info keys a caller may set per generate_sequences call to override the config.
 SAMPLING_OVERRIDE_KEYS = ("n", "temperature", "top_p", "top_k", "max_tokens", "do_sample",
-                          "stop_token_ids")
+                          "ignore_eos", "stop_token_ids")
 
 
 @dataclass
@@ -39,6 +42,12 @@ class RolloutConfig:
     syncs skip vLLM's rebuild (workers/rollout/vllm_weight_sync.py); off saves that RAM.
     ``free_cache_engine`` tells the hybrid worker to call ``release_memory()`` after each
     generation phase and ``resume_memory()`` before the next weight sync.
+    ``do_sample=False`` makes every call greedy unless its meta_info says otherwise; ``ignore_eos``
+    likewise (see the module docstring). vLLM only: ``max_model_len`` is the engine's context
+    (None: ``prompt_length + response_length``); ``enable_prefix_caching``, ``disable_log_stats``
+    and ``load_format`` are vLLM's arguments of those names (``"dummy"``: random weights, which the
+    hybrid worker replaces by syncing the actor's before the first generation);
+    ``vllm_engine_kwargs`` go to vLLM's ``LLM(...)`` as given.
     """
 
     name: str = "vllm"
@@ -60,6 +69,13 @@ class RolloutConfig:
     seed: int = 0
     free_cache_engine: bool = True
     stop_token_ids: list[int] = field(default_factory=list)
+    do_sample: bool = True
+    ignore_eos: bool = False
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
+    load_format: str = "auto"
+    vllm_engine_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in ROLLOUT_NAMES:
@@ -77,6 +93,15 @@ class RolloutConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"rollout.gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        longest = self.prompt_length + self.response_length
+        if self.max_model_len is not None and self.max_model_len < longest:
+            raise ValueError(f"rollout.max_model_len={self.max_model_len} must be >= prompt_length + "
+                             f"response_length = {longest}: raise it or set it to None")
+
+    @property
+    def context_length(self) -> int:
+        """The engine's maximum tokens per sequence (vLLM's max_model_len)."""
+        return self.max_model_len or self.prompt_length + self.response_length
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "RolloutConfig":
@@ -100,7 +125,8 @@ class SamplingSettings:
     top_p: float
     top_k: int
     max_tokens: int
-    stop_token_ids: tuple[int, ...]  # EOS ids first, then the caller's extra stop ids
+    stop_token_ids: tuple[int, ...]  # EOS ids first (none with ignore_eos), then the caller's extra stop ids
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -111,8 +137,9 @@ def resolve_sampling(config: RolloutConfig, meta_info: dict, eos_token_ids: Sequ
                      ) -> SamplingSettings:
     """Merge per-call overrides (meta_info) into the config's sampling settings.
 
-    ``do_sample=False`` (validation) means greedy with one sample per prompt unless the caller
-    also passes ``n``; top-k/top-p are then irrelevant and reset.
+    ``do_sample=False`` (validation, or the config's greedy training rollouts) means greedy with
+    one sample per prompt unless the caller also passes ``n``; top-k/top-p are then irrelevant
+    and reset. ``ignore_eos`` leaves the EOS ids out of the stop tokens.
     """
     meta = meta_info or {}
     n = int(meta.get("n", config.n))
@@ -120,7 +147,7 @@ def resolve_sampling(config: RolloutConfig, meta_info: dict, eos_token_ids: Sequ
     top_p = float(meta.get("top_p", config.top_p))
     top_k = int(meta.get("top_k", config.top_k))
     max_tokens = int(meta.get("max_tokens", config.response_length))
-    if not meta.get("do_sample", True):
+    if not meta.get("do_sample", config.do_sample):
         temperature, top_p, top_k = 0.0, 1.0, -1
         n = int(meta.get("n", 1))
     if n < 1:
@@ -128,9 +155,11 @@ def resolve_sampling(config: RolloutConfig, meta_info: dict, eos_token_ids: Sequ
     if not 1 <= max_tokens <= config.response_length:
         raise ValueError(f"rollout: max_tokens={max_tokens} must be in [1, rollout.response_length="
                          f"{config.response_length}]; raise response_length to generate more")
+    ignore_eos = bool(meta.get("ignore_eos", config.ignore_eos))
     extra = meta.get("stop_token_ids", config.stop_token_ids) or []
-    stops = tuple(dict.fromkeys([int(t) for t in eos_token_ids] + [int(t) for t in extra]))
-    return SamplingSettings(n, temperature, top_p, top_k, max_tokens, stops)
+    eos = [] if ignore_eos else [int(t) for t in eos_token_ids]
+    stops = tuple(dict.fromkeys(eos + [int(t) for t in extra]))
+    return SamplingSettings(n, temperature, top_p, top_k, max_tokens, stops, ignore_eos)
 
 
 def prompt_token_lists(prompts: DataProto, prompt_length: int) -> list[list[int]]:

@@ -59,6 +59,8 @@ class HFRollout:
     def _generation_config(self, settings):
         from transformers import GenerationConfig
 
+        # an empty list (ignore_eos, no extra stop ids) stops at nothing; None would mean the
+        # checkpoint's EOS
         kwargs = dict(max_new_tokens=settings.max_tokens, num_beams=1,
                       eos_token_id=list(settings.stop_token_ids), pad_token_id=self.pad_token_id,
                       output_scores=True, return_dict_in_generate=True)

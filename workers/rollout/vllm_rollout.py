@@ -150,6 +150,37 @@ def _engine_dtype(dtype: str, hf_config) -> str:
     return str(ckpt).removeprefix("torch.") if ckpt is not None else "auto"
 
 
+def llm_kwargs(config: RolloutConfig, model_path: str, hf_config, dp_rank: int, on_gpu: bool) -> dict:
+    """Every argument hybridflow itself gives vLLM's ``LLM(...)``. ``config.vllm_engine_kwargs``
+    may add others but never replace these (hybridflow/config/verl_keys.py names the key that
+    sets each, for the check before any worker starts)."""
+    kwargs = dict(
+        model=model_path,
+        tensor_parallel_size=config.tensor_model_parallel_size,
+        distributed_executor_backend="external_launcher",
+        enforce_eager=config.enforce_eager,
+        dtype=_engine_dtype(config.dtype, hf_config),
+        # same seed within a TP group (its ranks must sample identical tokens), a different
+        # stream per generation-DP rank.
+        seed=config.seed + dp_rank,
+        skip_tokenizer_init=True,
+        logprobs_mode="processed_logprobs",
+        max_model_len=config.context_length,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        # explicit, with vLLM's own defaults for a decoder LM as the config's defaults
+        enable_prefix_caching=config.enable_prefix_caching,
+        disable_log_stats=config.disable_log_stats,
+        load_format=config.load_format,
+    )
+    if on_gpu:
+        kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
+    elif config.kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+    return kwargs
+
+
 @contextlib.contextmanager
 def _without_env(names: list[str]):
     """Hide environment variables while vLLM builds an engine, then put them back, so that other
@@ -190,39 +221,24 @@ class VLLMRollout:
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self._on_gpu = device_type() == "cuda"
 
+        engine_kwargs = llm_kwargs(config, model_path, hf_config, self.dp_rank, self._on_gpu)
+        overridden = sorted(set(engine_kwargs) & set(config.vllm_engine_kwargs))
+        if overridden:
+            raise ValueError(f"rollout.vllm_engine_kwargs {overridden}: hybridflow sets these from its own "
+                             "settings; remove them there and use those settings")
         global _ENGINES_IN_PROCESS
         _ENGINES_IN_PROCESS += 1
-        engine_kwargs, hidden_env = {}, []
-        if self._on_gpu:
-            engine_kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization,
-                                 enable_sleep_mode=True)
-        else:
+        hidden_env = []
+        if not self._on_gpu:
             _isolate_cpu_shm_names(_ENGINES_IN_PROCESS)
-            if config.kv_cache_gib is not None:
-                engine_kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+            if "kv_cache_memory_bytes" in engine_kwargs:
                 # vLLM's legacy whole-GiB VLLM_CPU_KVCACHE_SPACE would override the exact size
                 hidden_env.append("VLLM_CPU_KVCACHE_SPACE")
         _filter_once("vllm.renderers.base", _NoTokenizerWarnings())
         live = config.cpu_live_weights and not self._on_gpu
         build = linears_keep_weights() if live else contextlib.nullcontext()
         with build, _without_env(hidden_env):
-            self.llm = LLM(
-                model=model_path,
-                tensor_parallel_size=tp,
-                distributed_executor_backend="external_launcher",
-                enforce_eager=config.enforce_eager,
-                dtype=_engine_dtype(config.dtype, hf_config),
-                # same seed within a TP group (its ranks must sample identical tokens), a
-                # different stream per generation-DP rank.
-                seed=config.seed + self.dp_rank,
-                skip_tokenizer_init=True,
-                logprobs_mode="processed_logprobs",
-                max_model_len=config.prompt_length + config.response_length,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                enable_chunked_prefill=config.enable_chunked_prefill,
-                **engine_kwargs,
-            )
+            self.llm = LLM(**engine_kwargs, **config.vllm_engine_kwargs)
         _unlink_broadcast_rings()
         # after the engine: building it re-applies vLLM's logging config, levels included
         _filter_once("vllm.model_executor.model_loader.reload.layerwise",
@@ -252,6 +268,8 @@ class VLLMRollout:
             top_k=settings.top_k,
             max_tokens=settings.max_tokens,
             stop_token_ids=list(settings.stop_token_ids),
+            # vLLM would also stop at the EOS ids of the checkpoint's generation_config
+            ignore_eos=settings.ignore_eos,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
         )

@@ -8,6 +8,7 @@ from hybridflow.algorithms import (
     PolicyLossConfig,
     clipped_value_loss,
     get_policy_loss,
+    gspo_loss,
     ppo_clip_loss,
 )
 
@@ -69,8 +70,40 @@ def test_policy_loss_config_and_registry_errors():
         PolicyLossConfig(clip_ratio_low=1.5)
     assert get_policy_loss("vanilla") is ppo_clip_loss
     with pytest.raises(ValueError) as err:
-        get_policy_loss("gspo")
+        get_policy_loss("clip_cov")
     assert all(name in str(err.value) for name in POLICY_LOSSES)
+
+
+def test_gspo_clips_the_sequence_ratio_hand_computed():
+    # row 0: token log-ratios 0.1 and 0.3 -> s = exp(0.2) = 1.2214 > 1 + 0.2: clipped as a whole
+    # (per-token PPO would leave the first token, ratio exp(0.1), unclipped); row 1: one valid
+    # token, s = exp(-0.05), A = -1: unclipped, loss = s and d loss / d log_prob = s
+    old = torch.zeros(2, 2)
+    new = torch.tensor([[0.1, 0.3], [-0.05, 9.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    out = gspo_loss(old, new, adv, mask, PolicyLossConfig(clip_ratio=0.2))
+    s1 = math.exp(-0.05)
+    assert out.token_losses[0].tolist() == pytest.approx([-1.2, -1.2])
+    assert out.token_losses[1, 0].item() == pytest.approx(s1)
+    assert out.pg_loss.item() == pytest.approx((-1.2 - 1.2 + s1) / 3)  # token-mean over 3 valid tokens
+    assert out.pg_clipfrac.item() == pytest.approx(2 / 3)
+    out.pg_loss.backward()
+    assert new.grad.flatten().tolist() == pytest.approx([0.0, 0.0, s1 / 3, 0.0])
+    ppo = ppo_clip_loss(old, new.detach(), adv, mask, PolicyLossConfig(clip_ratio=0.2, clip_ratio_c=None))
+    assert ppo.pg_clipfrac.item() == pytest.approx(1 / 3)  # per token: only exp(0.3) is clipped
+
+
+def test_gspo_on_policy_gradient_is_the_length_normalised_policy_gradient():
+    # at ratio 1 (on-policy) each token's gradient is -A_i / |y_i| under seq-mean-token-mean
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, 0.0]], requires_grad=True)
+    adv = torch.tensor([[2.0] * 3, [-1.0] * 3])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    out = gspo_loss(logp.detach(), logp, adv, mask, PolicyLossConfig(loss_agg_mode="seq-mean-token-mean"))
+    out.pg_loss.backward()
+    expected = [[-2.0 / 3 / 2] * 3, [1.0 / 2 / 2, 1.0 / 2 / 2, 0.0]]
+    assert logp.grad.flatten().tolist() == pytest.approx([g for row in expected for g in row])
+    assert out.pg_clipfrac.item() == 0.0 and out.ppo_kl.item() == 0.0
 
 
 def test_clipped_value_loss_hand_computed():

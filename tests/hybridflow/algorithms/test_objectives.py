@@ -30,6 +30,21 @@ def test_on_policy_shortcut_matches_explicit_old_log_probs():
     assert abs(metrics["training/rollout_probs_diff_max"] - 0.3 * (torch.e ** 0.01 - 1)) < 1e-6
 
 
+def test_policy_loss_names_the_surrogate():
+    """actor.policy_loss.loss_mode picks the loss: off-policy, GSPO's sequence ratio clips where
+    per-token PPO does not (token log-ratios 0.15 and 0.05 on row 0: sequence mean 0.1)."""
+    lp = torch.log(torch.full((2, 4), 0.3)).requires_grad_()
+    data = micro(True, lp)
+    data.batch["old_log_probs"] = lp.detach() - torch.tensor([[0.15, 0.05, 0.1, 0.0], [0.0] * 4])
+    losses = {}
+    for name in ("vanilla", "gspo"):
+        loss, metrics = make_actor_loss_fn(ActorObjective(policy_loss=name, clip_ratio=0.12))({"log_probs": lp}, data)
+        losses[name] = (float(loss), metrics["actor/pg_clipfrac"])
+    assert abs(losses["vanilla"][1] - 0.2) < 1e-6  # one token of five: exp(0.15) > 1.12
+    assert losses["gspo"][1] == 0.0  # the sequence ratio exp(0.1) < 1.12 on all three tokens
+    assert losses["vanilla"][0] != losses["gspo"][0]
+
+
 def test_critic_loss_is_clipped_value_loss():
     loss_fn = make_critic_loss_fn(cliprange_value=0.5)
     b = DataProto.from_dict({"response_mask": torch.ones(1, 2), "values": torch.zeros(1, 2),

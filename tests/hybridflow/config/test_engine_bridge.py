@@ -26,7 +26,8 @@ def test_engine_kwargs_build_valid_engine_configs():
             "optim": {"lr": 2e-6, "lr_scheduler": "cosine", "lr_warmup_steps_ratio": 0.25,
                       "betas": [0.9, 0.95], "clip_grad": 0.5}},
             "model": {"enable_gradient_checkpointing": True}},
-        "critic": {"optim": {"lr": 1e-5, "lr_warmup_steps": 3}, "ppo_micro_batch_size_per_gpu": 2},
+        "critic": {"optim": {"lr": 1e-5, "lr_warmup_steps": 3, "warmup_style": "cosine"},  # verl's name
+                   "ppo_micro_batch_size_per_gpu": 2},
         "trainer": {"n_gpus_per_node": 2, "total_epochs": 2, "seed": 7}})
     validate(cfg, check_paths=False)
     d = derive(cfg, dataset_len=16)  # 2 steps/epoch x 2 epochs = 4 steps; 2 minis x 2 epochs each
@@ -37,6 +38,7 @@ def test_engine_kwargs_build_valid_engine_configs():
     assert actor.micro_batch_size_per_gpu == 2 and actor.gradient_checkpointing and actor.seed == 7
     critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate()
     assert (critic.strategy, critic.tp, critic.lr, critic.warmup_steps) == ("fsdp", 1, 1e-5, 3)
+    assert (actor.lr_schedule, critic.lr_schedule) == ("cosine", "cosine")
 
 
 def test_rollout_kwargs_build_the_rollout_config():
@@ -50,12 +52,14 @@ def test_rollout_kwargs_build_the_rollout_config():
     assert r.cpu_live_weights is False and rollout_base.RolloutConfig().cpu_live_weights is True
 
 
-def test_weight_sync_bucket_reaches_the_actor_worker():
+def test_weight_sync_bucket_and_policy_loss_reach_the_actor_worker():
     build = pytest.importorskip("recipes.build")
-    cfg = load_config({"actor_rollout_ref": {"rollout": {"update_weights_bucket_megabytes": 8}},
+    cfg = load_config({"actor_rollout_ref": {"rollout": {"update_weights_bucket_megabytes": 8},
+                                             "actor": {"policy_loss": {"loss_mode": "gspo"}}},
                        "trainer": {"n_gpus_per_node": 2}})
     settings = build.actor_settings(cfg, derive(cfg, dataset_len=64), ("actor", "rollout"))
     assert settings.reshard_bucket_bytes == 8 << 20
+    assert settings.objective.policy_loss == "gspo"
 
 
 def test_forward_only_micro_batch_sizes_reach_each_engine():

@@ -11,7 +11,7 @@ from hybridflow.config import (
 )
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 
-RL_RECIPES = ["ppo", "grpo", "remax", "dapo"]
+RL_RECIPES = ["ppo", "grpo", "remax", "dapo", "gspo"]
 
 
 def test_base_yaml_is_exactly_the_dataclass_defaults():
@@ -22,7 +22,7 @@ def test_base_yaml_is_exactly_the_dataclass_defaults():
     def walk(node, prefix):
         for k, v in node.items():
             yaml_keys.add(prefix + k)
-            if isinstance(v, dict) and k != "reward_kwargs":
+            if isinstance(v, dict) and k not in ("reward_kwargs", "apply_chat_template_kwargs", "vllm"):
                 walk(v, prefix + k + ".")
 
     walk(OmegaConf.to_container(compose_config("base")), "")
@@ -35,7 +35,7 @@ def test_sft_yaml_is_exactly_the_dataclass_defaults():
 
 @pytest.mark.parametrize("name,estimator,critic,reference", [
     ("ppo", "gae", True, False), ("grpo", "grpo", False, True), ("remax", "remax", False, True),
-    ("dapo", "grpo", False, False)])
+    ("dapo", "grpo", False, False), ("gspo", "grpo", False, False)])
 def test_recipes_compose_and_validate(name, estimator, critic, reference):
     cfg = load_config(compose_config(name, ["trainer.total_training_steps=3"]))
     assert cfg.algorithm.adv_estimator == estimator
@@ -199,7 +199,7 @@ def test_help_and_cfg_job_print_instead_of_running():
     overrides applied, as YAML that loads back to the same run config; anything else runs."""
     assert cli_info(["--config-name", "grpo", "data.seed=1"], "ppo", "usage") is None
     help_text = cli_info(["-h"], "ppo", "usage: main_ppo")
-    assert help_text.startswith("usage: main_ppo") and "grpo, ppo, remax" in help_text
+    assert help_text.startswith("usage: main_ppo") and "grpo, gspo, ppo, remax" in help_text
     printed = cli_info(["--config-name", "grpo", "--cfg", "job", "actor_rollout_ref.rollout.n=8"], "ppo", "")
     loaded = load_config(OmegaConf.create(printed))
     assert loaded == load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=8"]))
@@ -210,3 +210,5 @@ def test_help_and_cfg_job_print_instead_of_running():
         cli_info(["--cfg", "hydra"], "ppo", "")
     with pytest.raises(ConfigError, match="did you mean 'model.path'"):
         cli_info(["--cfg", "job", "model.pth=x"], "sft", "", schema=SFTConfig)
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.new_key'"):  # Hydra adds it; the run would not
+        cli_info(["--cfg", "job", "+trainer.new_key=1"], "ppo", "")

@@ -79,6 +79,12 @@ def test_chat_template_applied_with_generation_prompt(tmp_path, char_tokenizer):
     assert ds[0]["attention_mask"].sum() == len(expected)
     # a plain string is never templated
     assert encode_prompt(tok, "12+7=") == ids_of(tok, "12+7=")
+    # data.apply_chat_template_kwargs reach the template's own variables (Qwen3's enable_thinking)
+    tok.chat_template = tok.chat_template.replace("<a>", "<a>{% if not think %}=={% endif %}")
+    ds = RLPromptDataset.from_config(write(ROWS[:1], tmp_path / "d.jsonl"), tok, {
+        "max_prompt_length": 16, "apply_chat_template_kwargs": {"think": False}})
+    expected = ids_of(tok, "<user>12+7=<a>==")
+    assert ds[0]["input_ids"][-len(expected):].tolist() == expected
 
 
 def test_left_padding_mask_and_position_ids(tmp_path, char_tokenizer):

@@ -84,6 +84,23 @@ def test_prune_keeps_the_newest_and_never_the_tracked_one(tmp_path):
     assert ckpt.prune(str(tmp_path), None) == []
 
 
+@pytest.mark.parametrize("actor, critic, has_critic, kept", [
+    (None, None, True, None), (3, None, True, 3), (None, 2, True, 2), (3, 2, True, 2), (2, 3, True, 2),
+    (3, 2, False, 3), (None, 2, False, None)])
+def test_one_folder_holds_both_roles_so_the_smaller_limit_wins(actor, critic, has_critic, kept):
+    assert ckpt.folders_to_keep(actor, critic, has_critic) == kept
+
+
+def test_checkpoint_limits_must_be_null_or_positive():
+    from hybridflow.config import compose_config, load_config
+    from hybridflow.config.ranges import range_errors
+
+    cfg = load_config(compose_config("ppo", ["trainer.max_critic_ckpt_to_keep=0", "trainer.max_actor_ckpt_to_keep=0"]))
+    assert [e for e in range_errors(cfg) if "ckpt_to_keep" in e] == [
+        "trainer.max_actor_ckpt_to_keep=0 must be null or a positive integer",
+        "trainer.max_critic_ckpt_to_keep=0 must be null or a positive integer"]
+
+
 # ---------------------------------------------------------------------- the trainer's side
 class FakeGroup:
     """Stands in for a worker group: one file per rank, records the folders it loads."""
@@ -133,6 +150,17 @@ def test_trainer_round_trip_restores_step_loader_kl_and_rng(tmp_path):
     assert fresh.global_step == 2 and fresh.actor.loaded == [os.path.join(path, "actor")]
     got = (fresh.train_loader.next_batch(), fresh.kl_ctrl.value, random.random(), np.random.rand(), torch.rand(3))
     assert got[:4] == expected[:4] and torch.equal(got[4], expected[4])
+
+
+def test_trainer_keeps_as_many_folders_as_the_critic_limit_when_it_trains_a_critic(tmp_path):
+    for groups, kept in (({"critic": FakeGroup(2)}, ["global_step_3"]), ({}, ["global_step_2", "global_step_3"])):
+        trainer = _trainer(tmp_path / str(len(groups)), 2, "trainer.max_actor_ckpt_to_keep=2",
+                           "trainer.max_critic_ckpt_to_keep=1")
+        trainer.critic = groups.get("critic")
+        for step in (1, 2, 3):
+            trainer.global_step = step
+            trainer.save_checkpoint()
+        assert sorted(d for d in os.listdir(tmp_path / str(len(groups)) / "run") if d != ckpt.TRACKER) == kept
 
 
 def test_trainer_refuses_a_checkpoint_of_another_worker_count_before_loading(tmp_path):

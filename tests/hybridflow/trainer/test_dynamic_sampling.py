@@ -58,7 +58,7 @@ def _trainer(tmp_path, informative: set[int], *overrides):
         scores = [float(p not in informative or row % 2) for row, p in enumerate(prompt)]
         token = torch.zeros(len(scores), RESPONSE)
         token[:, -1] = torch.tensor(scores)
-        return token, scores, {}, {}
+        return token, scores, {}, {}, None  # no decoded texts, as from a reward model
 
     trainer.score = score
     return trainer

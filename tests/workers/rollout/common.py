@@ -19,6 +19,27 @@ def make_checkpoints(root, name: str) -> tuple[str, str]:
     return old, new
 
 
+def make_eos_first_checkpoint(path: str, out_dir: str, greedy: DataProto, eos: int) -> tuple[str, int]:
+    """A copy of checkpoint ``path`` whose greedy response to one prompt starts with EOS, so
+    ``ignore_eos`` has an EOS to run past: that prompt's first greedy token and EOS trade rows of
+    the output layer (tied: of the embedding too, so the prompt must hold neither token; its hidden
+    states are then unchanged). ``greedy`` is the checkpoint's greedy rollout of the prompts.
+    Returns (the copy's path, the prompt's index)."""
+    model = load_hf(path)
+    b = greedy.batch
+    for row in range(len(greedy)):
+        first, prompt = int(b["responses"][row, 0]), b["prompts"][row][b["attention_mask"][row, :PROMPT_LEN].bool()]
+        if first != eos and first not in prompt.tolist():
+            break
+    else:
+        raise AssertionError("no prompt's first greedy token can trade places with EOS")
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight  # the embedding itself when tied
+        head[[first, eos]] = head[[eos, first]]
+    model.save_pretrained(out_dir)
+    return out_dir, row
+
+
 def make_prompts(path: str, texts=PROMPTS, prompt_len: int = PROMPT_LEN, meta=None) -> DataProto:
     """Left-padded prompts as the data layer produces them, with a non-tensor uid column."""
     tok = load_tokenizer(path)

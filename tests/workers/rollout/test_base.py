@@ -96,3 +96,57 @@ def test_special_token_ids_prefers_generation_config():
             self.__dict__.update(kw)
     assert special_token_ids(Cfg(eos_token_id=2, pad_token_id=None)) == (2, [2])
     assert special_token_ids(Cfg(eos_token_id=2, pad_token_id=0), Cfg(eos_token_id=[2, 5])) == (0, [2, 5])
+
+
+def test_config_greedy_and_ignore_eos_apply_unless_a_call_overrides_them():
+    greedy = RolloutConfig(temperature=0.9, top_k=20, do_sample=False, response_length=16)
+    s = resolve_sampling(greedy, {"n": 1}, [EOS])  # what the trainer's training rollout passes
+    assert s.greedy and (s.n, s.top_k, s.stop_token_ids, s.ignore_eos) == (1, -1, (EOS,), False)
+    assert not resolve_sampling(greedy, {"do_sample": True}, [EOS]).greedy
+    ignore = RolloutConfig(ignore_eos=True, stop_token_ids=[9])
+    s = resolve_sampling(ignore, {}, [EOS])
+    assert s.ignore_eos and s.stop_token_ids == (9,)  # EOS is no stop token; extra stop ids still are
+    assert resolve_sampling(ignore, {"ignore_eos": False}, [EOS]).stop_token_ids == (EOS, 9)
+
+
+def test_ignore_eos_responses_keep_their_eos_and_cover_the_whole_length():
+    s = resolve_sampling(RolloutConfig(ignore_eos=True, response_length=3), {}, [EOS])
+    samples = [[truncate_at_stop([EOS, 11, EOS], [-1.0, -2.0, -3.0], s.stop_token_ids, s.max_tokens)],
+               [truncate_at_stop([12, 13, 14], [-1.0, -1.0, -1.0], s.stop_token_ids, s.max_tokens)]]
+    b = build_rollout_batch(_prompts(), samples, response_length=3, pad_token_id=PAD).batch
+    assert b["responses"].tolist() == [[EOS, 11, EOS], [12, 13, 14]]
+    assert b["response_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_max_model_len_is_the_engine_context():
+    assert RolloutConfig(prompt_length=8, response_length=4).context_length == 12
+    assert RolloutConfig(prompt_length=8, response_length=4, max_model_len=20).context_length == 20
+    with pytest.raises(ValueError, match=r"rollout.max_model_len=11 must be >= prompt_length \+ response_length = 12"):
+        RolloutConfig(prompt_length=8, response_length=4, max_model_len=11)
+
+
+def test_vllm_arguments_hybridflow_sets_are_the_ones_the_config_check_reserves():
+    """engine_kwargs.vllm may not override an argument of llm_kwargs: the config check before any
+    worker starts must know every one of them (GPU and CPU)."""
+    from hybridflow.config.verl_keys import VLLM_KWARGS_FIXED, VLLM_KWARGS_FROM_KEYS
+    from workers.rollout.vllm_rollout import llm_kwargs
+
+    config = RolloutConfig(prompt_length=8, response_length=4, max_model_len=20, load_format="dummy",
+                           enable_prefix_caching=False, disable_log_stats=False, vllm_engine_kwargs={"x": 1})
+    hf_config = type("HFConfig", (), {"dtype": "float32"})()
+    cpu, gpu = (llm_kwargs(config, "/m", hf_config, dp_rank=1, on_gpu=on_gpu) for on_gpu in (False, True))
+    assert set(cpu) | set(gpu) <= set(VLLM_KWARGS_FROM_KEYS) | set(VLLM_KWARGS_FIXED)
+    assert (cpu["max_model_len"], cpu["load_format"], cpu["enable_prefix_caching"], cpu["disable_log_stats"],
+            cpu["seed"]) == (20, "dummy", False, False, 1)
+    assert "x" not in cpu  # passed through by the engine's constructor call, beside these
+
+
+def test_load_formats_the_config_accepts_are_vllms():
+    from typing import get_args
+
+    from vllm.model_executor.model_loader import LoadFormats
+
+    from hybridflow.config.verl_keys import ROLLOUT_LOAD_FORMATS
+
+    vllm_names = {"dummy" if name.startswith("dummy") else name for name in ROLLOUT_LOAD_FORMATS}
+    assert vllm_names <= set(get_args(LoadFormats))

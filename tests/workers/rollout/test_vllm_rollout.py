@@ -3,9 +3,13 @@
 One engine per spawned world is reused for every check (engine start dominates the cost):
 greedy equals the HF rollout; sampled log-probs equal a full HF forward; after update_weights
 (live weights and vLLM's full reload) both equal the *new* weights' (tied and untied heads);
-bad settings fail with clear errors.
+ignore_eos runs past an EOS to the full length and do_sample=false in the config is greedy, both
+as transformers does; the config's vLLM arguments (max_model_len, prefix caching, log stats,
+engine_kwargs) reach the engine; bad settings fail with clear errors. One extra engine per rank
+(TP=2) loads with load_format=dummy and, after one sync, generates exactly what the auto engine did.
 TP=1 runs as generation DP=2 (two engines, each generating its own share of the prompts).
 """
+import dataclasses
 import os
 
 import pytest
@@ -14,8 +18,8 @@ import torch
 from hybridflow.protocol import DataProto
 from tests.distributed import run_distributed
 from tests.workers.rollout.common import (MODELS, PROMPT_LEN, RESPONSE_LEN, assert_layout,
-                                          load_hf, make_checkpoints, make_prompts,
-                                          reference_log_probs)
+                                          load_hf, make_checkpoints, make_eos_first_checkpoint,
+                                          make_prompts, reference_log_probs)
 from workers.rollout.base import RolloutConfig
 from workers.rollout.hf_rollout import HFRollout
 
@@ -31,13 +35,33 @@ HF_CONFIG = RolloutConfig(name="hf", prompt_length=PROMPT_LEN, response_length=R
 # vLLM's scheduler keys reach the engine: one prefill chunk per prompt, at most this many tokens
 # per engine step (tokens must still equal transformers')
 BATCHED_TOKENS = 320
+# the config's vLLM arguments reach the engine: a context longer than prompt + response, an
+# engine_kwargs entry passed through, and each model flips one of vLLM's switches
+CONTEXT_LEN = PROMPT_LEN + RESPONSE_LEN + 6
+PASSED_THROUGH = {"max_logprobs": 3}
+SWITCHES = {"qwen2-tied": dict(enable_prefix_caching=False), "llama-untied": dict(disable_log_stats=False)}
+DUMMY_MODEL, DUMMY_TP = "qwen2-tied", 2  # the auto engine the dummy-loaded one must reproduce
 
 
-def _config(tp: int, live_weights: bool = True) -> RolloutConfig:
+def _config(tp: int, live_weights: bool = True, model_name: str | None = None) -> RolloutConfig:
     return RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
                          tensor_model_parallel_size=tp, kv_cache_gib=KV_CACHE_GIB, seed=0,
                          cpu_live_weights=live_weights, max_num_batched_tokens=BATCHED_TOKENS,
-                         enable_chunked_prefill=False)
+                         enable_chunked_prefill=False, max_model_len=CONTEXT_LEN,
+                         vllm_engine_kwargs=PASSED_THROUGH, **SWITCHES.get(model_name, {}))
+
+
+def _generate(rollout, share: DataProto, **meta) -> dict:
+    share.meta_info = meta
+    # numpy, not tensors: tensors cross the result queue as shared-memory handles that die with
+    # this process
+    return {k: v.numpy() for k, v in rollout.generate_sequences(share).batch.items()}
+
+
+# the first calls on a fresh engine, in this order (the dummy-loaded engine repeats them)
+FIRST_CALLS = {"greedy": dict(do_sample=False),
+               "sample": dict(n=4, temperature=1.0, stop_token_ids=SAMPLE_STOPS),
+               "sample_t07": dict(n=2, temperature=0.7)}
 
 
 def _live_weights(tp: int, model_name: str) -> bool:
@@ -71,14 +95,14 @@ def _rollout_worker(rank, world, tp, models):
                 f.write(bytes(64))
 
     results, engines = {}, []
-    for name, (old_path, new_path, stop_first) in models.items():
+    for name, (old_path, new_path, stop_first, eos_first_path) in models.items():
         errors = {}
         try:
             VLLMRollout(_config(3), old_path)
         except ValueError as e:
             errors["tp"] = str(e)
         plant_stale_shm_segment()
-        rollout = VLLMRollout(_config(tp, _live_weights(tp, name)), old_path)
+        rollout = VLLMRollout(_config(tp, _live_weights(tp, name), name), old_path)
         # keep every engine alive: an engine's teardown destroys vLLM's process-wide parallel
         # groups, which the next engine in this process shares
         engines.append(rollout)
@@ -90,29 +114,34 @@ def _rollout_worker(rank, world, tp, models):
             errors["prompt"] = str(e)
 
         def run(**meta):
-            share.meta_info = meta
-            # numpy, not tensors: tensors cross the result queue as shared-memory handles that
-            # die with this process
-            return {k: v.numpy() for k, v in rollout.generate_sequences(share).batch.items()}
+            return _generate(rollout, share, **meta)
 
-        result = {
-            "layout": (rollout.dp_rank, rollout.dp_size, rollout.is_collect),
-            "errors": errors,
-            "greedy": run(do_sample=False),
-            "stop": run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6),
-            "sample": run(n=4, temperature=1.0, stop_token_ids=SAMPLE_STOPS),
-            "sample_t07": run(n=2, temperature=0.7),
-        }
+        result = {"layout": (rollout.dp_rank, rollout.dp_size, rollout.is_collect), "errors": errors,
+                  **{key: run(**meta) for key, meta in FIRST_CALLS.items()},
+                  "stop": run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6)}
         result["why_full_reload"] = rollout.why_full_reload
         result["on_cpu"] = not rollout._on_gpu
         result["kv_cache_bytes"] = rollout.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
-        scheduler = rollout.llm.llm_engine.vllm_config.scheduler_config
+        vllm_config = rollout.llm.llm_engine.vllm_config
+        scheduler = vllm_config.scheduler_config
         result["scheduler"] = (scheduler.max_num_batched_tokens, scheduler.enable_chunked_prefill)
+        result["engine"] = dict(max_model_len=vllm_config.model_config.max_model_len,
+                                max_logprobs=vllm_config.model_config.max_logprobs,
+                                enable_prefix_caching=vllm_config.cache_config.enable_prefix_caching,
+                                log_stats=rollout.llm.llm_engine.log_stats,
+                                load_format=vllm_config.load_config.load_format)
         result["quiet_syncs"] = [not logging.getLogger(name).isEnabledFor(logging.INFO)
                                  for name in PER_SYNC_INFO_LOGGERS]
         rollout.update_weights(load_file(f"{new_path}/model.safetensors").items())
         result["greedy_new"] = run(do_sample=False)
         result["sample_new"] = run(n=4, temperature=1.0)
+        # weights whose greedy response to one prompt starts with EOS: stop there, or run past it
+        rollout.update_weights(load_file(f"{eos_first_path}/model.safetensors").items())
+        result["eos_first"] = run(do_sample=False)
+        result["ignore_eos"] = run(do_sample=False, ignore_eos=True)
+        # the same two settings from the config (the trainer's training rollouts pass neither)
+        rollout.config = dataclasses.replace(rollout.config, do_sample=False, ignore_eos=True)
+        result["config_greedy_ignore_eos"] = run()
         results[name] = result
         # every rank has unlinked its segments once the group joined them; nothing stays behind
         result["shm_left"] = sorted(glob.glob(f"{world_shm}*"))  # planted or vLLM's
@@ -121,6 +150,16 @@ def _rollout_worker(rank, world, tp, models):
         ring = getattr(parallel_state.get_tp_group().mq_broadcaster, "buffer", None)
         result["shm_left"] += [ring.shared_memory.name] if ring and os.path.exists(
             f"/dev/shm/{ring.shared_memory.name}") else []
+    if tp == DUMMY_TP and DUMMY_MODEL in models:
+        # random weights, then the sync the hybrid worker does before its first generation
+        old_path = models[DUMMY_MODEL][0]
+        config = dataclasses.replace(_config(tp, _live_weights(tp, DUMMY_MODEL), DUMMY_MODEL), load_format="dummy")
+        dummy = VLLMRollout(config, old_path)
+        engines.append(dummy)
+        dummy.update_weights(load_file(f"{old_path}/model.safetensors").items())
+        share = make_prompts(old_path).chunk(dummy.dp_size)[dummy.dp_rank]
+        results[DUMMY_MODEL]["dummy"] = {key: _generate(dummy, share, **meta) for key, meta in FIRST_CALLS.items()}
+        results[DUMMY_MODEL]["dummy_load_format"] = dummy.llm.llm_engine.vllm_config.load_config.load_format
     return results
 
 
@@ -149,9 +188,11 @@ def _spawned(cache, tp: int, model_name: str):
         models = {}
         for name in group:
             old_path, new_path = make_checkpoints(cache["root"] / f"tp{tp}", name)
-            greedy = HFRollout(load_hf(old_path), HF_CONFIG).generate_sequences(
-                make_prompts(old_path, meta={"do_sample": False}))
-            models[name] = (old_path, new_path, int(greedy.batch["responses"][0, 0]))
+            hf = HFRollout(load_hf(old_path), HF_CONFIG)
+            greedy = hf.generate_sequences(make_prompts(old_path, meta={"do_sample": False}))
+            eos_first_path, _ = make_eos_first_checkpoint(old_path, str(cache["root"] / f"tp{tp}" / f"{name}-eos"),
+                                                          greedy, hf.eos_token_ids[0])
+            models[name] = (old_path, new_path, int(greedy.batch["responses"][0, 0]), eos_first_path)
         per_rank = run_distributed(_rollout_worker, 2, tp, models, timeout_s=500)
         cache[(tp, group)] = {name: (models[name], [r[name] for r in per_rank]) for name in group}
     return cache[(tp, group)][model_name]
@@ -161,7 +202,7 @@ def _spawned(cache, tp: int, model_name: str):
 @pytest.mark.parametrize("tp", [1, 2], ids=["tp1-dp2", "tp2-dp1"])
 @pytest.mark.parametrize("model_name", list(MODELS))
 def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
-    (old_path, new_path, stop_first), results = _spawned(spawn_cache, tp, model_name)
+    (old_path, new_path, stop_first, _), results = _spawned(spawn_cache, tp, model_name)
     hf_old, hf_new = load_hf(old_path), load_hf(new_path)
     config = HF_CONFIG
     hf = HFRollout(hf_old, config)
@@ -175,6 +216,9 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
         if r["on_cpu"]:
             assert r["kv_cache_bytes"] == int(KV_CACHE_GIB * 2**30)
         assert r["scheduler"] == (BATCHED_TOKENS, False)
+        assert r["engine"] == dict(max_model_len=CONTEXT_LEN, max_logprobs=3, load_format="auto",
+                                   enable_prefix_caching=model_name != "qwen2-tied",
+                                   log_stats=model_name == "llama-untied")
         assert all(r["quiet_syncs"])  # no INFO line per weight sync, even after the engine's build
         assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
         assert "rollout.prompt_length=12" in r["errors"]["prompt"]
@@ -233,3 +277,42 @@ def test_tokenizer_less_engine_build_warnings_are_dropped_and_others_kept():
     assert not keep(record("Using None for EOS token id because tokenizer is not initialized"))
     assert keep(record("Chat template warmup failed", RuntimeError("bad jinja")))  # a real failure
     assert keep(record("Using None for EOS token id"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1-dp2", "tp2-dp1"])
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_ignore_eos_and_greedy_config_match_transformers(spawn_cache, model_name, tp):
+    """Weights whose greedy response to one prompt starts with EOS: it stops there; with
+    ignore_eos every response runs to the full length, past EOS, token for token as transformers."""
+    (old_path, _, _, eos_first_path), results = _spawned(spawn_cache, tp, model_name)
+    hf = HFRollout(load_hf(eos_first_path), HF_CONFIG)
+    eos = hf.eos_token_ids[0]
+    greedy = hf.generate_sequences(make_prompts(old_path, meta={"do_sample": False}))
+    row = int((greedy.batch["response_mask"].sum(1) == 1).nonzero()[0])
+    assert int(greedy.batch["responses"][row, 0]) == eos
+
+    eos_first = _gather(results, "eos_first", make_prompts(old_path))
+    assert torch.equal(eos_first.batch["input_ids"], greedy.batch["input_ids"])
+    assert eos_first.batch["response_mask"][row].tolist() == [1] + [0] * (RESPONSE_LEN - 1)
+
+    hf_ignore = hf.generate_sequences(make_prompts(old_path, meta={"do_sample": False, "ignore_eos": True}))
+    for key in ("ignore_eos", "config_greedy_ignore_eos"):
+        out = _gather(results, key, make_prompts(old_path))
+        assert out.batch["response_mask"].all(), key  # every response has the full length
+        assert int(out.batch["responses"][row, 0]) == eos, key  # ... and went on past its EOS
+        assert torch.equal(out.batch["input_ids"], hf_ignore.batch["input_ids"]), key
+        torch.testing.assert_close(out.batch["rollout_log_probs"], hf_ignore.batch["rollout_log_probs"],
+                                   atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_dummy_load_then_one_sync_generates_what_auto_does(spawn_cache):
+    """load_format=dummy starts from random weights; after the sync the hybrid worker makes before
+    its first generation, that generation (greedy and sampled, same seed) is the auto engine's."""
+    _, results = _spawned(spawn_cache, DUMMY_TP, DUMMY_MODEL)
+    for r in results:
+        assert r["dummy_load_format"] == "dummy"
+        for key in FIRST_CALLS:
+            for column, auto in r[key].items():
+                assert (r["dummy"][key][column] == auto).all(), (key, column)
