@@ -68,6 +68,11 @@ class CriticWorker(Worker):
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_hf(self, path: str) -> bool:
+        self.engine.save_hf(path)
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
         from hybridflow.trainer import checkpoint as ckpt
 

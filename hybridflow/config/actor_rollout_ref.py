@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.common import FSDPConfig, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import CheckpointContents, FSDPConfig, MegatronConfig, OptimConfig, path_field
 
 
 @dataclass
@@ -69,6 +69,7 @@ class ActorConfig:
     # verl compiles its log-prob/entropy kernels with torch.compile; the engines here run eager.
     # Accepted, either value, so verl scripts run unchanged
     use_torch_compile: bool = True
+    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

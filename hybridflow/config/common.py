@@ -41,6 +41,21 @@ class OptimConfig:
         return "warmup_style" if self.warmup_style else "lr_scheduler"
 
 
+# what verl's checkpoint.save_contents may name; hybridflow always saves the first three
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+@dataclass
+class CheckpointContents:
+    """verl's ``checkpoint`` section of the actor and the critic. A checkpoint here always holds
+    the model, the optimizer and the extra state (LR scheduler, RNG), which an exact resume
+    needs; ``hf_model`` adds the full weights as an HF checkpoint in ``<role>/huggingface/``
+    (safetensors + config + tokenizer, for transformers or vLLM as is) at every save."""
+
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: list[str] | None = None  # None: save_contents
+
+
 @dataclass
 class FSDPConfig:
     """Only read when ``strategy == "fsdp"``. ``fsdp_size``: how many data-parallel ranks share one

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.common import FSDPConfig, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import CheckpointContents, FSDPConfig, MegatronConfig, OptimConfig, path_field
 
 
 @dataclass
@@ -43,3 +43,4 @@ class CriticConfig:
     param_dtype: str = "fp32"
     grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)

@@ -21,7 +21,7 @@ from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import range_errors
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_keys import (
-    convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
+    checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
     errors = (algorithm_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg) + unsupported_errors(cfg)
-              + parallel)
+              + checkpoint_errors(cfg) + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
         errors += convert_global_micro_batch_sizes(cfg) + batch_errors(cfg)
     if check_paths:

@@ -176,3 +176,26 @@ def convert_global_micro_batch_sizes(cfg: RootConfig) -> list[str]:
                            key, total, key, total // dp, dp)
         setattr(node, name, None)
     return errors
+
+
+def checkpoint_errors(cfg: RootConfig) -> list[str]:
+    """verl's ``checkpoint.save_contents`` / ``load_contents``: a checkpoint here always holds
+    what an exact resume needs, so those may add ``hf_model`` but not leave a part out."""
+    from hybridflow.config.common import CHECKPOINT_CONTENTS
+
+    errors, required = [], CHECKPOINT_CONTENTS[:3]
+    for section, node in ((f"{ARR}.actor.checkpoint", cfg.actor_rollout_ref.actor.checkpoint),
+                          ("critic.checkpoint", cfg.critic.checkpoint)):
+        for name in ("save_contents", "load_contents"):
+            contents = getattr(node, name)
+            if contents is None:
+                continue
+            unknown = [c for c in contents if c not in CHECKPOINT_CONTENTS]
+            missing = [c for c in required if c not in contents]
+            if unknown:
+                errors.append(f"{section}.{name} names {unknown}: use some of {list(CHECKPOINT_CONTENTS)}")
+            elif missing:
+                errors.append(f"{section}.{name}={contents} leaves out {missing}: a checkpoint always holds "
+                              f"{list(required)} (a resumed run equals an uninterrupted one); add them "
+                              "(hf_model is the optional extra)")
+    return errors

@@ -5,7 +5,9 @@ Layout under ``trainer.default_local_dir``::
     global_step_N/
         actor/                 the actor engine's sharded state (engine-specific files), the
                                workers' RNG files ``worker_rng_rank{r}.pt``, ``engine.json`` and
-                               ``huggingface/`` (config + tokenizer, for hybridflow.export)
+                               ``huggingface/`` (config + tokenizer, for hybridflow.export;
+                               with verl's ``checkpoint.save_contents`` hf_model, the whole
+                               HF checkpoint: transformers loads it as is)
         critic/                the same for the critic, when there is one
         trainer_state.pt       step, data-loader position, KL controller, controller RNG
         manifest.json          every file above with its size, and the worker layout; written

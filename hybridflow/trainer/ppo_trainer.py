@@ -272,9 +272,13 @@ class PPOTrainer:
         completes the folder, then the tracker that names it (layout: trainer/checkpoint.py)."""
         t = self.cfg.trainer
         path = ckpt.start_save(t.default_local_dir, self.global_step)
-        self.actor.save_checkpoint(os.path.join(path, "actor"))
+        roles = [("actor", self.actor, self.cfg.actor_rollout_ref.actor.checkpoint)]
         if self.critic is not None:
-            self.critic.save_checkpoint(os.path.join(path, "critic"))
+            roles.append(("critic", self.critic, self.cfg.critic.checkpoint))
+        for name, group, contents in roles:
+            group.save_checkpoint(os.path.join(path, name))
+            if "hf_model" in contents.save_contents:  # verl's place for it; listed in the manifest too
+                group.save_hf(os.path.join(path, name, ckpt.HF_META_DIR))
         keep = ckpt.folders_to_keep(t.max_actor_ckpt_to_keep, t.max_critic_ckpt_to_keep, self.critic is not None)
         return ckpt.finish_save(t.default_local_dir, self.global_step,
                                 {"loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},

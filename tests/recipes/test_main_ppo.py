@@ -151,18 +151,27 @@ def test_grpo_megatron_tp2_with_reward_model(recipe_assets, tmp_path):
 @pytest.mark.slow
 def test_ppo_with_critic_gae(recipe_assets, tmp_path):
     """Also: actor and critic in the replicated layout (fsdp_size=1: DDP, no sharding); the
-    actor's weights reach vLLM by a local copy; one critic warm-up step (trainer.critic_warmup)."""
+    actor's weights reach vLLM by a local copy; one critic warm-up step (trainer.critic_warmup);
+    verl's deprecated global critic.ppo_micro_batch_size (4 over 2 workers: 2 per worker); the
+    step-2 checkpoint holds the value model as an HF checkpoint (checkpoint.save_contents hf_model)."""
+    from transformers import AutoModelForTokenClassification
+
     out = str(tmp_path / "run")
     result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size=4",
         "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.model.fsdp_config.fsdp_size=1",
-        "trainer.critic_warmup=1"])
+        "trainer.critic_warmup=1", "trainer.save_freq=2",
+        "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
+    assert "critic.ppo_micro_batch_size=4 is deprecated (verl): using critic.ppo_micro_batch_size_per_gpu=2" in result.stderr
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean",
                                        "critic/vf_explained_var"), critic_warmup=1)
     # GAE advantages are whitened over the batch (mean 0), unlike GRPO's per-group ones
     assert abs(metrics[1]["critic/advantages/mean"]) < 1e-4
+    value_model = AutoModelForTokenClassification.from_pretrained(f"{out}/global_step_2/critic/huggingface")
+    assert value_model.config.num_labels == 1
+    assert not os.path.exists(f"{out}/global_step_2/actor/huggingface/model.safetensors")  # the actor's default
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from hybridflow.trainer.checkpoint import TRACKER
 from tests.hybridflow.trainer.recipe_runs import REPO, make_assets, read_steps, recipe_cmd, recipe_env, run_recipe
@@ -25,7 +26,9 @@ from tests.hybridflow.trainer.recipe_runs import REPO, make_assets, read_steps, 
 pytestmark = pytest.mark.slow
 
 STEPS = ["trainer.total_epochs=2", "trainer.total_training_steps=null", "trainer.save_freq=2",
-         "trainer.test_freq=2"]
+         "trainer.test_freq=2",
+         # verl's hf_model: every checkpoint also holds the actor as an HF checkpoint (resume ignores it)
+         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean", "val/score/mean")
 
 
@@ -65,6 +68,12 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
     ref = read_steps(reference)
     assert sorted(s for s in ref if s > 0) == [1, 2, 3, 4]
     assert [ref[s]["training/epoch"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
+
+    # the step-4 checkpoint's HF copy is the run's final model, tensor for tensor
+    from safetensors.torch import load_file
+    in_checkpoint = load_file(str(reference / "global_step_4" / "actor" / "huggingface" / "model.safetensors"))
+    final = load_file(str(reference / "hf" / "model.safetensors"))
+    assert in_checkpoint.keys() == final.keys() and all(torch.equal(in_checkpoint[k], final[k]) for k in final)
 
     _run_and_kill_after_checkpoint(assets, resumed, step=2)
     assert not (resumed / "global_step_4").exists()
