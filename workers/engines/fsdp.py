@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Iterator
 
 import torch
@@ -51,6 +52,11 @@ from workers.engines.optim import build_optimizer, build_scheduler, move_optimiz
 from workers.engines.token_budget import micro_batches
 
 ROLES = ("actor", "ref", "critic")
+
+# FSDP2 warns when a wrapped model returns a view (the critic's value head does): an in-place op
+# on it would skip the backward all-gather. The engine never edits a forward output in place
+# (_forward builds new tensors with torch.where), so the warning only alarms users.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
 
 if hf_device.device_type() == "cpu":
     # Measured on this project's CPU machines: oneDNN's AMX bf16 kernels die with SIGILL although

@@ -46,6 +46,12 @@ def test_recipes_compose_and_validate(name, estimator, critic, reference):
     assert (d.use_critic, d.use_reference) == (critic, reference)
 
 
+def test_the_default_recipe_trains_a_critic_only_for_an_estimator_that_needs_one():
+    # verl's main_ppo with algorithm.adv_estimator=grpo and no --config-name has no critic
+    assert derive(load_config(compose_config("ppo"))).use_critic
+    assert not derive(load_config(compose_config("ppo", ["algorithm.adv_estimator=grpo"]))).use_critic
+
+
 def test_grpo_recipe_has_groups_and_low_var_kl_loss():
     cfg = load_config(compose_config("grpo"))
     arr = cfg.actor_rollout_ref
