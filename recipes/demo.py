@@ -78,12 +78,13 @@ def main(argv=None) -> int:
 
         ray.shutdown()
     print("demo: GRPO")
-    summary = main_ppo.run(main_ppo.load_and_validate(["--config-name", "grpo", *GRPO_OVERRIDES, *argv]))
+    cfg = main_ppo.load_and_validate(["--config-name", "grpo", *GRPO_OVERRIDES, *argv])
+    summary = main_ppo.run(cfg)
     val = [(h["step"], h["val/score/mean"]) for h in summary["history"] if "val/score/mean" in h]
     first, last = val[0][1], val[-1][1]
     print(json.dumps({"val/score/mean": {"step_0": first, f"step_{val[-1][0]}": last, "gain": last - first},
                       "minutes": round((time.time() - start) / 60, 2), "hf_checkpoint": summary["hf_dir"],
-                      "reward_curve": summary["plot"], "metrics": f"{OUT}/metrics.jsonl"}, indent=2))
+                      "reward_curve": summary["plot"], "metrics": os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl")}, indent=2))
     return 0
 
 

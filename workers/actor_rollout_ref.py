@@ -121,8 +121,11 @@ class ActorRolloutRefWorker(Worker):
             resharder = Resharder(plan_from_param_specs(param_specs, engine.hf_config, train, gen),
                                   bucket_bytes=s.reshard_bucket_bytes)
             return (lambda: resharder.stream(dict(engine.model.named_parameters()))), resharder.stats
+        from workers.engines.lora import merge_lora
+
         weights = FSDPWeightStream(s.reshard_bucket_bytes)
-        return (lambda: weights.stream(engine.model.named_parameters())), weights.stats
+        # LoRA: vLLM gets plain HF weights with the adapters merged in (no adapter support needed)
+        return (lambda: merge_lora(weights.stream(engine.model.named_parameters()), engine.lora_scalings)), weights.stats
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.mesh("rollout"))

@@ -22,8 +22,13 @@ class ModelConfig:
     # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
     custom_chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
-    # verl keys accepted at their "off" value only (verl_keys.unsupported_errors says why)
+    # LoRA (strategy=fsdp): rank > 0 freezes the actor and trains rank-r adapters on target_modules
+    # ("all-linear", or module names such as q_proj), scaled by lora_alpha / lora_rank
     lora_rank: int = 0
+    lora_alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    exclude_modules: list[str] = field(default_factory=list)
+    # verl keys accepted at their "off" value only (verl_keys.unsupported_errors says why)
     use_liger: bool = False
     use_fused_kernels: bool = False
     trust_remote_code: bool = False

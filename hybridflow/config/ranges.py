@@ -68,6 +68,8 @@ def range_errors(cfg: RootConfig) -> list[str]:
         # Dual-clip (Ye et al. 2020, eq. 5) bounds the ratio for negative advantages at c > 1.
         (f"{A}.clip_ratio_c", a.clip_ratio_c, lambda x: x > 1, "> 1 (the dual-clip bound)"),
         _row(f"{A}.entropy_coeff", a.entropy_coeff, NON_NEGATIVE),
+        _row("actor_rollout_ref.model.lora_rank", arr.model.lora_rank, NON_NEGATIVE),
+        _row("actor_rollout_ref.model.lora_alpha", arr.model.lora_alpha, GREATER_THAN_0),
         _row(f"{A}.kl_loss_coef", a.kl_loss_coef, NON_NEGATIVE),
         *optim_rows(f"{A}.optim", a.optim),
         *_megatron_rows(f"{A}.megatron", a.megatron),

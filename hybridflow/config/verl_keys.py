@@ -129,9 +129,9 @@ def unsupported_errors(cfg: RootConfig) -> list[str]:
         errors.append(f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker here "
                       "(trainer.placement=separate moves the reference, critic and reward model); set it to true")
     model = cfg.actor_rollout_ref.model
-    if model.lora_rank:
-        errors.append(f"{ARR}.model.lora_rank={model.lora_rank}: LoRA is not implemented (full fine-tuning "
-                      "only); set it to 0")
+    if model.lora_rank and cfg.actor_rollout_ref.actor.strategy != "fsdp":
+        errors.append(f"{ARR}.model.lora_rank={model.lora_rank}: LoRA adapters are implemented for "
+                      f"{ARR}.actor.strategy=fsdp; set it, or lora_rank=0 with megatron")
     for key in ("use_liger", "use_fused_kernels"):
         if getattr(model, key):
             errors.append(f"{ARR}.model.{key}=true: these kernels are not used here (the models run "

@@ -10,6 +10,9 @@ Measured, on one model and one batch (every token real, so no path can skip padd
 - ``fsdp_dp2_replicated``: the same with ``fsdp_size=1`` (each rank holds the model; DDP all-reduce).
 - ``megatron_tp2`` / ``megatron_pp2``: MegatronEngine, 2 ranks x 1 thread, the whole batch
   (dp=1); PP splits it into ``--pp-micro-batches`` micro-batches for the 1F1B schedule.
+- ``--lora-too R``: ``fsdp_dp2_lora`` / ``fsdp_dp2_lora_replicated``, both FSDP layouts with rank-R
+  LoRA adapters on every linear layer; ``speedup_vs_full_fine_tuning`` compares each with its
+  full fine-tuning layout in the same rounds.
 
 Engines train through ``train_batch`` with the SFT worker's NLL loss. All groups are started once
 and stay alive; the parent then runs ``--rounds`` rounds, each giving every measurement
@@ -142,6 +145,9 @@ def engine_step_fn(args, kind: str, data):
             config = replace(config, forward_prefetch=False)
         elif kind == KEEP_GATHERED:
             config = replace(config, reshard_after_forward=False)
+        elif kind.startswith(LORA):  # LORA (sharded) or LORA + "_replicated"
+            config = replace(config, lora_rank=args.lora_too, lora_alpha=2.0 * args.lora_too,
+                             fsdp_size=1 if kind.endswith("_replicated") else -1)
         engine = FSDPEngine(config, args.ckpt, "actor")
     elif kind == "megatron_tp2":
         from workers.engines.megatron import MegatronEngine
@@ -231,6 +237,8 @@ SHM_TOO = ("megatron_tp2",)  # the only engine whose collectives can use hybridf
 NO_PREFETCH = "fsdp_dp2_no_prefetch"
 # --keep-gathered-too: sharded FSDP again with fsdp_config.reshard_after_forward=false
 KEEP_GATHERED = "fsdp_dp2_keep_gathered"
+# --lora-too R: both FSDP layouts again with rank-R LoRA adapters on every linear layer (all-linear)
+LORA = "fsdp_dp2_lora"
 # group -> (processes, threads per process)
 GROUPS = {"plain_2threads": (1, 2), "plain_1thread_half": (2, 1),
           **{g: (2, 1) for g in ENGINE_GROUPS}}
@@ -368,6 +376,11 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
     if NO_PREFETCH in engines:  # same run, same rounds: the speed-up of the one-layer-ahead gathers
         engines["fsdp_dp2"]["speedup_vs_no_prefetch"] = round(
             statistics.median(r["fsdp_dp2"] / r[NO_PREFETCH] for r in wall), 3)
+    for name, full in ((LORA, "fsdp_dp2"), (LORA + "_replicated", "fsdp_dp2_replicated")):
+        if name in engines:  # same run, same rounds: adapters only (no frozen weight's gradient matmul)
+            engines[name]["speedup_vs_full_fine_tuning"] = round(
+                statistics.median(r[name] / r[full] for r in wall), 3)
+            engines[name]["lora_rank"] = args.lora_too
     if KEEP_GATHERED in engines:  # same run, same rounds: one all-gather per layer per step
         engines[KEEP_GATHERED]["speedup_vs_fsdp_dp2"] = round(
             statistics.median(r[KEEP_GATHERED] / r["fsdp_dp2"] for r in wall), 3)
@@ -418,7 +431,13 @@ def parse_args(argv=None):
                    help=f"also run sharded FSDP with fsdp_config.forward_prefetch=false ({NO_PREFETCH})")
     p.add_argument("--keep-gathered-too", action="store_true",
                    help=f"also run sharded FSDP with fsdp_config.reshard_after_forward=false ({KEEP_GATHERED})")
+    p.add_argument("--lora-too", type=int, default=0, metavar="RANK",
+                   help=f"also run both FSDP layouts with rank-RANK LoRA adapters ({LORA}, {LORA}_replicated)")
     args = p.parse_args(argv)
+    if args.lora_too:
+        for group in (LORA, LORA + "_replicated"):
+            GROUPS[group] = GROUPS["fsdp_dp2"]
+            MEASUREMENTS[group] = (group, MEASUREMENTS["fsdp_dp2"][1])
     for flag, group in ((args.no_prefetch_too, NO_PREFETCH), (args.keep_gathered_too, KEEP_GATHERED)):
         if flag:
             GROUPS[group] = GROUPS["fsdp_dp2"]

@@ -205,7 +205,11 @@ def test_remax(recipe_assets, tmp_path):
         "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # a replicated reference next to a sharded actor
         "trainer.logger=[console]",
         # micro-batches by token budget (verl's use_dynamic_bsz) in the update and the log-prob passes
-        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=128"])
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=128",
+        # LoRA on the sharded actor, a large lr: vLLM must get the merged weights (else the probs
+        # diff of step 2 is large), the reference stays the base model (KL 0 at step 1)
+        "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2"])
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("timing_s/gen_max", "actor/reward_kl_penalty", "timing_s/ref"))
     # step 1 samples from the reference weights (KL exactly 0); after one update the k1 estimate

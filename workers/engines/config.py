@@ -61,6 +61,13 @@ class EngineConfig:
     # state in host memory between engine calls (workers/engines/offload.py); nothing moves on CPU
     param_offload: bool = False
     optimizer_offload: bool = False
+    # LoRA (FSDP only): rank 0 trains every weight; > 0 freezes the model and trains rank-r
+    # adapters on target_modules ("all-linear" or module names), scaled by alpha / rank
+    # (workers/engines/lora.py). verl's model.lora_rank / lora_alpha / target_modules / exclude_modules
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    target_modules: str | list[str] = "all-linear"
+    exclude_modules: list[str] | None = None
     seed: int = 0
 
     @property
@@ -114,4 +121,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 bad(name, value, "use a positive token count, or None for fixed-size micro-batches")
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            bad("lora_rank", self.lora_rank, "use 0 (no LoRA) or a positive adapter rank")
+        if self.lora_rank and self.strategy != "fsdp":
+            bad("lora_rank", self.lora_rank, "LoRA adapters are implemented for strategy='fsdp'; set lora_rank=0 "
+                "or use the fsdp strategy")
+        if self.lora_rank and not self.lora_alpha > 0:
+            bad("lora_alpha", self.lora_alpha, "use a positive scale (the adapter's output is scaled by alpha/rank)")
         return self

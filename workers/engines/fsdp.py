@@ -48,6 +48,7 @@ from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
 from workers.engines.offload import HostOffload
+from workers.engines.lora import add_lora, lora_scalings, merge_lora
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state, load_scheduler_state
 from workers.engines.token_budget import micro_batches
 
@@ -108,6 +109,9 @@ class FSDPEngine:
         self.hf_config = model.config
         self.architecture = type(model).__name__
         self._alias_names = _aliased_parameter_names(model)
+        if config.lora_rank:  # before anything looks at which parameters train
+            add_lora(model, config.lora_rank, config.lora_alpha, config.target_modules, config.exclude_modules)
+        self._lora_scalings = lora_scalings(model)
         if config.gradient_checkpointing and role != "ref":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
@@ -120,7 +124,7 @@ class FSDPEngine:
 
         self.optimizer = self.scheduler = None
         if role != "ref":
-            self.optimizer = build_optimizer(self.model.parameters(), config)
+            self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], config)
             self.scheduler = build_scheduler(self.optimizer, config)
         self.memory = HostOffload(self.device, self.model.to, self._move_optimizer,
                                   params_rest_on_host=config.param_offload,
@@ -331,13 +335,21 @@ class FSDPEngine:
     def export_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
         """Full tensors under HF names, gathered one parameter at a time (a collective: every rank
         must consume the iterator in step). Tied copies (``lm_head.weight``) are left out, as in an
-        HF checkpoint of a tied model."""
+        HF checkpoint of a tied model; LoRA adapters come merged into their weights."""
         with self.memory.params_on_device():
-            for name, tensor in self.model.state_dict().items():
-                if name in self._alias_names:
-                    continue
-                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-                yield name, full.detach()
+            yield from merge_lora(self._full_state_tensors(), self._lora_scalings)
+
+    def _full_state_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            if name in self._alias_names:
+                continue
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            yield name, full.detach()
+
+    @property
+    def lora_scalings(self) -> dict[str, float]:
+        """``{module path: alpha / r}`` of the LoRA-adapted layers, for streams that merge them."""
+        return self._lora_scalings
 
     def save_hf(self, path: str) -> None:
         """Rank 0 writes ``model.safetensors`` + config + tokenizer files; all ranks must call it."""

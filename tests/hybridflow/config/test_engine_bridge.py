@@ -52,14 +52,18 @@ def test_rollout_kwargs_build_the_rollout_config():
     assert r.cpu_live_weights is False and rollout_base.RolloutConfig().cpu_live_weights is True
 
 
-def test_weight_sync_bucket_and_policy_loss_reach_the_actor_worker():
+def test_weight_sync_bucket_policy_loss_and_lora_reach_the_actor_worker():
     build = pytest.importorskip("recipes.build")
     cfg = load_config({"actor_rollout_ref": {"rollout": {"update_weights_bucket_megabytes": 8},
-                                             "actor": {"policy_loss": {"loss_mode": "gspo"}}},
+                                             "actor": {"policy_loss": {"loss_mode": "gspo"}},
+                                             "model": {"lora_rank": 8, "target_modules": "q_proj"}},
                        "trainer": {"n_gpus_per_node": 2}})
     settings = build.actor_settings(cfg, derive(cfg, dataset_len=64), ("actor", "rollout"))
     assert settings.reshard_bucket_bytes == 8 << 20
     assert settings.objective.policy_loss == "gspo"
+    # LoRA: the actor's adapters; the reference is the base model
+    assert (settings.actor.lora_rank, settings.actor.lora_alpha, settings.actor.target_modules) == (8, 16.0, ["q_proj"])
+    assert settings.ref.lora_rank == 0 and settings.actor.validate() and settings.ref.validate()
 
 
 def test_forward_only_micro_batch_sizes_reach_each_engine():

@@ -12,10 +12,11 @@ from workers.rollout.base import RolloutConfig
 
 
 class _Actor:
-    """The actor engine as the worker's weight stream sees it: an unsharded module."""
+    """The FSDP actor engine as the worker's weight stream sees it: an unsharded module, no LoRA."""
 
     def __init__(self):
         self.model = torch.nn.Linear(2, 2)
+        self.lora_scalings = {}
 
 
 def _worker(monkeypatch, load_format: str, calls: list, actor=None):
