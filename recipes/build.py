@@ -24,7 +24,9 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
                           "fsdp_size": arr.ref.fsdp_config.fsdp_size,
                           "forward_prefetch": arr.ref.fsdp_config.forward_prefetch,
                           "reshard_after_forward": arr.ref.fsdp_config.reshard_after_forward,
-                          "lora_rank": 0,  # the reference is the base model: the actor's without adapters
+                          # the base model; colocated with a LoRA actor the worker uses the actor's
+                          # engine with its adapters off instead of this one
+                          "lora_rank": 0,
                           **offload_kwargs(a.strategy, arr.ref.fsdp_config, arr.ref.megatron)})
     objective = ActorObjective(policy_loss=a.policy_loss.loss_mode, clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
                                clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,

@@ -71,7 +71,9 @@ class ActorRolloutRefWorker(Worker):
         if "actor" in s.roles:
             self.engine = build_engine(s.actor, s.model_path, "actor")
             self.register_mesh("actor", self.engine.dp_rank, self.engine.dp_size, self.engine.is_collect)
-        if "ref" in s.roles:
+        if "ref" in s.roles and self.engine is not None and s.actor.lora_rank:
+            self.ref_engine = self.engine  # LoRA: the reference is the actor with its adapters off
+        elif "ref" in s.roles:
             self.ref_engine = build_engine(s.ref or s.actor, s.model_path, "ref")
             if self.engine is None:
                 self.register_mesh("actor", self.ref_engine.dp_rank, self.ref_engine.dp_size,
@@ -166,7 +168,13 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.mesh("actor"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto | None:
         temperature = float(data.meta_info.get("temperature", self.s.temperature))
-        log_probs, _ = self.ref_engine.compute_log_prob(data, temperature)
+        if self.ref_engine is self.engine:  # LoRA: the frozen base weights are the reference policy
+            from workers.engines.lora import adapters_disabled
+
+            with adapters_disabled(self.engine.model):
+                log_probs, _ = self.engine.compute_log_prob(data, temperature)
+        else:
+            log_probs, _ = self.ref_engine.compute_log_prob(data, temperature)
         if not self.ref_engine.is_collect:
             return None
         return DataProto.from_dict({"ref_log_prob": log_probs.float()})

@@ -101,6 +101,7 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
         # 2 mini-batches per step: the second is off-policy, so clipping and ppo_kl are exercised
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # a replicated reference next to a sharded actor
         "trainer.log_val_generations=3", f"trainer.rollout_data_dir={out}/rollout",
         f"trainer.validation_data_dir={out}/validation"])
     metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"))
@@ -202,12 +203,11 @@ def test_remax(recipe_assets, tmp_path):
         "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "data.val_batch_size=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-        "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # a replicated reference next to a sharded actor
         "trainer.logger=[console]",
         # micro-batches by token budget (verl's use_dynamic_bsz) in the update and the log-prob passes
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=128",
-        # LoRA on the sharded actor, a large lr: vLLM must get the merged weights (else the probs
-        # diff of step 2 is large), the reference stays the base model (KL 0 at step 1)
+        # LoRA on the sharded actor, a large lr: vLLM must get the merged weights (else the run
+        # fails), the reference is the actor with its adapters off (KL 0 at step 1, not at step 2)
         "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
         "actor_rollout_ref.actor.optim.lr=1e-2"])
     metrics = check_run(result, out, recipe_assets.model,

@@ -14,6 +14,7 @@ model's does.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -56,6 +57,8 @@ def target_linear_names(model: nn.Module, target_modules: str | Sequence[str],
 
 
 def _add_lora_term(module: nn.Linear, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor:
+    if not module.lora_enabled:
+        return output
     x = inputs[0].to(module.lora_A.dtype)
     return output + (x @ module.lora_A.t() @ module.lora_B.t()).to(output.dtype) * module.lora_scaling
 
@@ -79,9 +82,23 @@ def add_lora(model: nn.Module, rank: int, alpha: float, target_modules: str | Se
         linear.register_parameter("lora_A", a)
         linear.register_parameter("lora_B", nn.Parameter(torch.zeros(linear.out_features, rank, dtype=w.dtype,
                                                                      device=w.device)))
-        linear.lora_scaling = alpha / rank
+        linear.lora_scaling, linear.lora_enabled = alpha / rank, True
         linear.register_forward_hook(_add_lora_term)
     return names
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """Run ``model`` as its frozen base for the body: the reference policy of a LoRA run without a
+    second copy of the weights (as verl does)."""
+    adapted = [m for m in model.modules() if hasattr(m, "lora_scaling")]
+    for m in adapted:
+        m.lora_enabled = False
+    try:
+        yield
+    finally:
+        for m in adapted:
+            m.lora_enabled = True
 
 
 def lora_scalings(model: nn.Module) -> dict[str, float]:

@@ -43,7 +43,7 @@ def _logits(model, batch):
 def test_fresh_adapters_change_nothing_and_merged_weights_give_the_adapted_logits(ckpt):
     from transformers import AutoModelForCausalLM
 
-    from workers.engines.lora import lora_scalings, merge_lora
+    from workers.engines.lora import adapters_disabled, lora_scalings, merge_lora
 
     base = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     model, names = _adapted(ckpt)
@@ -60,6 +60,9 @@ def test_fresh_adapters_change_nothing_and_merged_weights_give_the_adapted_logit
     assert not any("lora_" in n for n in merged) and merged.keys() == base.state_dict().keys()
     base.load_state_dict(merged)
     adapted = _logits(model, batch)
+    with adapters_disabled(model):  # the reference policy of a LoRA run: the frozen base
+        torch.testing.assert_close(_logits(model, batch), _logits(AutoModelForCausalLM.from_pretrained(ckpt).eval(),
+                                                                  batch), rtol=0, atol=0)
     assert not torch.allclose(adapted, _logits(AutoModelForCausalLM.from_pretrained(ckpt).eval(), batch), atol=1e-3)
     torch.testing.assert_close(_logits(base, batch), adapted, rtol=0, atol=1e-5)
 
