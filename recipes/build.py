@@ -28,7 +28,8 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
                           # engine with its adapters off instead of this one
                           "lora_rank": 0,
                           **offload_kwargs(a.strategy, arr.ref.fsdp_config, arr.ref.megatron)})
-    objective = ActorObjective(policy_loss=a.policy_loss.loss_mode, clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
+    objective = ActorObjective(policy_loss=a.policy_loss.loss_mode,
+                               clip_ratio=a.clip_ratio, clip_ratio_low=a.clip_ratio_low,
                                clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
                                entropy_coeff=a.entropy_coeff, use_kl_loss=a.use_kl_loss,
                                kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,

@@ -127,7 +127,8 @@ class ActorRolloutRefWorker(Worker):
 
         weights = FSDPWeightStream(s.reshard_bucket_bytes)
         # LoRA: vLLM gets plain HF weights with the adapters merged in (no adapter support needed)
-        return (lambda: merge_lora(weights.stream(engine.model.named_parameters()), engine.lora_scalings)), weights.stats
+        return (lambda: merge_lora(weights.stream(engine.model.named_parameters()),
+                                   engine.lora_scalings)), weights.stats
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.mesh("rollout"))

@@ -174,9 +174,7 @@ def log_prob_token_budget(cfg: RootConfig, section) -> int | None:
 
 def lora_kwargs(model) -> dict:
     """verl's LoRA keys of ``actor_rollout_ref.model`` as EngineConfig arguments."""
-    targets = model.target_modules
-    return dict(lora_rank=model.lora_rank, lora_alpha=model.lora_alpha,
-                target_modules=targets[0] if targets == ["all-linear"] else list(targets),
+    return dict(lora_rank=model.lora_rank, lora_alpha=model.lora_alpha, target_modules=list(model.target_modules),
                 exclude_modules=list(model.exclude_modules) or None)
 
 
@@ -185,12 +183,13 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     parallel sizes, the reference policy, which build.py gives no adapters)."""
     actor, d = cfg.actor_rollout_ref.actor, derived
     total = None if d.total_training_steps is None else d.total_training_steps * d.actor_optimizer_steps_per_step
-    return lora_kwargs(cfg.actor_rollout_ref.model) | _engine_kwargs(actor.strategy, actor.megatron, actor.param_dtype, actor.optim,
-                          cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
-                          d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config,
-                          cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
-                          actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-                          log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout), actor.grad_clip)
+    engine = _engine_kwargs(actor.strategy, actor.megatron, actor.param_dtype, actor.optim,
+                            cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
+                            d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config,
+                            cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
+                            actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+                            log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout), actor.grad_clip)
+    return engine | lora_kwargs(cfg.actor_rollout_ref.model)
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:

@@ -47,8 +47,8 @@ from workers.engines import fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
-from workers.engines.offload import HostOffload
 from workers.engines.lora import add_lora, lora_scalings, merge_lora
+from workers.engines.offload import HostOffload
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state, load_scheduler_state
 from workers.engines.token_budget import micro_batches
 
@@ -111,7 +111,8 @@ class FSDPEngine:
         self._alias_names = _aliased_parameter_names(model)
         if config.lora_rank:  # before anything looks at which parameters train
             add_lora(model, config.lora_rank, config.lora_alpha, config.target_modules, config.exclude_modules)
-        self._lora_scalings = lora_scalings(model)
+        # {module path: alpha / r} of the adapted layers (empty without LoRA), for streams that merge them
+        self.lora_scalings = lora_scalings(model)
         if config.gradient_checkpointing and role != "ref":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
@@ -337,7 +338,7 @@ class FSDPEngine:
         must consume the iterator in step). Tied copies (``lm_head.weight``) are left out, as in an
         HF checkpoint of a tied model; LoRA adapters come merged into their weights."""
         with self.memory.params_on_device():
-            yield from merge_lora(self._full_state_tensors(), self._lora_scalings)
+            yield from merge_lora(self._full_state_tensors(), self.lora_scalings)
 
     def _full_state_tensors(self) -> Iterator[tuple[str, Tensor]]:
         for name, tensor in self.model.state_dict().items():
@@ -345,11 +346,6 @@ class FSDPEngine:
                 continue
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             yield name, full.detach()
-
-    @property
-    def lora_scalings(self) -> dict[str, float]:
-        """``{module path: alpha / r}`` of the LoRA-adapted layers, for streams that merge them."""
-        return self._lora_scalings
 
     def save_hf(self, path: str) -> None:
         """Rank 0 writes ``model.safetensors`` + config + tokenizer files; all ranks must call it."""
