@@ -7,17 +7,16 @@ from __future__ import annotations
 import os
 import pickle
 import queue as queue_lib
-import socket
 import time
 import traceback
 
 import torch.multiprocessing as mp
 
+from hybridflow.controller.ports import free_rendezvous_port
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_rendezvous_port("127.0.0.1")
 
 
 def _entry(rank, world, port, fn, args, queue):

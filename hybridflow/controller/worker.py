@@ -8,11 +8,11 @@ registering meshes (``register_mesh``): the controller then needs no backend kno
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 from hybridflow import device
 from hybridflow.controller.dispatch import Dispatch, Execute, register
+from hybridflow.controller.ports import free_rendezvous_port
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,7 @@ class Worker:
         import ray
 
         ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ip, port
+        return ip, free_rendezvous_port()
 
     def _hf_set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)

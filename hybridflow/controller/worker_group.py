@@ -55,11 +55,9 @@ class MeshInfo:
 
 @ray.remote(num_cpus=0)
 def _node_ip_and_free_port():
-    import socket
+    from hybridflow.controller.ports import free_rendezvous_port
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return ray.util.get_node_ip_address(), s.getsockname()[1]
+    return ray.util.get_node_ip_address(), free_rendezvous_port()
 
 
 class RayWorkerGroup:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import queue as queue_lib
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from hybridflow import device as hf_device  # noqa: E402  (sets oneDNN's ISA cap before any math)
+from hybridflow.controller.ports import free_rendezvous_port  # noqa: E402
 
 GOAL_MAX_OVERHEAD = 0.10
 GOAL_METRIC = "vs_plain_1thread_half_pair"
@@ -250,9 +250,7 @@ MEASUREMENTS = {"plain_2threads": ("plain_2threads", (0,)),
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_rendezvous_port("127.0.0.1")
 
 
 class Fleet:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hybridflow.controller.ports import free_rendezvous_port  # noqa: E402
 
 
 def grouped_batch(prompts: int, samples: int, prompt_len: int, resp_len: int, vocab: int, seed: int):
@@ -130,9 +131,7 @@ def main(argv=None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = make_tiny_checkpoint(os.path.join(tmp, "model"), "qwen2", seed=0, **SIZES[args.size])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_rendezvous_port("127.0.0.1")
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         procs = [ctx.Process(target=_rank, args=(r, 2, port, args, ckpt, queue)) for r in range(2)]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from types import SimpleNamespace
@@ -32,6 +31,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from hybridflow.controller.ports import free_rendezvous_port  # noqa: E402
 from resharding.layout import GenLayout, TrainLayout  # noqa: E402
 from resharding.plan import plan_from_param_specs  # noqa: E402
 from resharding.transfer import Resharder, drain  # noqa: E402
@@ -185,9 +185,7 @@ def _worker(rank, world, port, layout, args, queue):
 
 def bench_layout(layout, args) -> list[dict]:
     world = layout[1] if layout[0] == "fsdp" else layout[0] * layout[1] * layout[2]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_rendezvous_port("127.0.0.1")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, world, port, layout, args, queue)) for r in range(world)]

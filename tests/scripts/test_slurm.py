@@ -7,7 +7,6 @@ directory on free ports and are stopped at the end; nothing under /etc is used.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from hybridflow.controller.ports import free_rendezvous_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm" / "ray_on_slurm.sh"
@@ -28,9 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_rendezvous_port("127.0.0.1")
 
 
 def _skip_reason() -> str | None:
