@@ -1,6 +1,6 @@
 """Turn a saved actor (or critic) into an ordinary HF checkpoint:
 
-    python -m hybridflow.export <checkpoint> <out_dir> [--role actor|critic]
+    python -m hybridflow.export <checkpoint> <out_dir> [--role actor|critic] [--external-lib MODULE]
 
 ``<checkpoint>`` is a role folder (``.../global_step_N/actor``), a ``global_step_N`` folder, or a
 run's ``default_local_dir`` (its latest complete checkpoint). The output is ``model.safetensors`` +
@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from hybridflow.model_overrides import external_lib_error
 from hybridflow.trainer import checkpoint as ckpt
 
 
@@ -125,7 +126,13 @@ def main(argv=None) -> int:
     parser.add_argument("checkpoint", help="global_step_N folder, its actor/ or critic/ folder, or a run folder")
     parser.add_argument("out_dir", help="where to write the HF checkpoint")
     parser.add_argument("--role", default="actor", choices=("actor", "critic"))
+    parser.add_argument("--external-lib", help="module to import first (the run's model.external_lib, for a "
+                        "model type it registers with transformers)")
     args = parser.parse_args(argv)
+    error = external_lib_error("--external-lib", args.external_lib)
+    if error:
+        print(f"export error: {error}", file=sys.stderr)
+        return 2
     try:
         out = export(args.checkpoint, args.out_dir, args.role)
     except (ExportError, ckpt.CheckpointError) as err:

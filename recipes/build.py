@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, read_model_config, rollout_engine_kwargs
-from hybridflow.config.derived import log_prob_token_budget, offload_kwargs
+from hybridflow.config.derived import critic_external_lib, log_prob_token_budget, offload_kwargs
 from hybridflow.controller import RayClassWithInitArgs
 from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
 from workers.critic import CriticSettings, CriticWorker
@@ -39,7 +39,7 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
         rollout=RolloutConfig(**rollout_engine_kwargs(cfg)), objective=objective,
         ppo_mini_batch_size=a.ppo_mini_batch_size * n, ppo_epochs=a.ppo_epochs, shuffle=a.shuffle,
         temperature=arr.rollout.temperature, seed=cfg.trainer.seed,
-        reshard_bucket_bytes=arr.rollout.update_weights_bucket_megabytes << 20)
+        reshard_bucket_bytes=arr.rollout.update_weights_bucket_megabytes << 20, external_lib=arr.model.external_lib)
 
 
 def role_specs(cfg, derived) -> tuple[dict, dict]:
@@ -57,7 +57,8 @@ def role_specs(cfg, derived) -> tuple[dict, dict]:
             engine=EngineConfig(**critic_engine_kwargs(cfg, derived)),
             ppo_mini_batch_size=derived.critic_mini_batch_size * n,
             ppo_epochs=c.ppo_epochs or cfg.actor_rollout_ref.actor.ppo_epochs,
-            cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode, seed=cfg.trainer.seed))
+            cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode, seed=cfg.trainer.seed,
+            external_lib=critic_external_lib(cfg)))
     if cfg.reward_model.enable:
         side["reward_model"] = RayClassWithInitArgs(RewardModelWorker, RewardModelSettings(
             model_path=cfg.reward_model.model.path, micro_batch_size_per_gpu=cfg.reward_model.micro_batch_size_per_gpu,

@@ -147,12 +147,28 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
                             os.path.join(t.default_local_dir, "reward_curve.png"))
     finally:
         tracker.finish()
+        write_ray_timeline(cfg.ray_kwargs.timeline_json_file)
         for group in {id(g._actors[0]): g for g in groups.values()}.values():
             group.shutdown()
         for pool in pools:
             pool.release()
         restore_sigterm(previous_sigterm)
     return {"history": history, "hf_dir": hf_dir, "plot": plot, "steps": trainer.global_step}
+
+
+def write_ray_timeline(path: str | None) -> None:
+    """verl's ``ray_kwargs.timeline_json_file``: Ray's Chrome trace of the run's tasks and actor
+    calls. Written also when the run fails (that is when one wants it); never fails the run."""
+    if not path:
+        return
+    import ray
+
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        ray.timeline(filename=path)
+        print(f"ray timeline: {path}", flush=True)
+    except Exception as err:  # a trace is a diagnostic: losing it must not lose the run's result
+        print(f"ray timeline not written to {path}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
 class Terminated(Exception):

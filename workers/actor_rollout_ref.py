@@ -17,6 +17,7 @@ import torch
 from hybridflow import device
 from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn
 from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
 from workers.engines.config import EngineConfig
 from workers.rollout.base import RolloutConfig
@@ -38,6 +39,9 @@ class ActorRolloutRefSettings:
     temperature: float = 1.0  # the sampling temperature; log-probs are computed under it too
     reshard_bucket_bytes: int = 64 * 1024**2
     seed: int = 0
+    # verl's model.external_lib: imported before any model is built (it may register the
+    # checkpoint's architecture with transformers, which this process must see too)
+    external_lib: str | None = None
 
 
 def build_engine(cfg: EngineConfig, model_path: str, role: str):
@@ -65,6 +69,7 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        import_external_lib(self.s.external_lib)
         self.init_distributed()
         torch.manual_seed(self.s.seed + self.rank)
         s = self.s

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from hybridflow.algorithms.objectives import make_critic_loss_fn
 from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
 from workers.actor_rollout_ref import build_engine
 from workers.engines.config import EngineConfig
@@ -22,6 +23,7 @@ class CriticSettings:
     loss_agg_mode: str = "token-mean"
     shuffle: bool = False
     seed: int = 0
+    external_lib: str | None = None  # imported before the model is built (as the actor worker's)
 
 
 class CriticWorker(Worker):
@@ -32,6 +34,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        import_external_lib(self.s.external_lib)
         self.init_distributed()
         self.engine = build_engine(self.s.engine, self.s.model_path, "critic")
         self.register_mesh("critic", self.engine.dp_rank, self.engine.dp_size, self.engine.is_collect)

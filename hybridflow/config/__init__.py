@@ -20,10 +20,11 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import (
     cli_info, compose_config, dotted_keys, load_config, split_cli_args, to_dataclass,
 )
+from hybridflow.config.model_checks import read_model_config
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig, RewardModelModelConfig
 from hybridflow.config.root import RootConfig
 from hybridflow.config.trainer import RayInitConfig, TrainerConfig
-from hybridflow.config.validate import read_model_config, validate
+from hybridflow.config.validate import validate
 
 __all__ = [
     "ActorConfig", "ActorRolloutRefConfig", "ModelConfig", "RefConfig", "RolloutConfig",

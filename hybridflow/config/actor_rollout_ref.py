@@ -28,6 +28,10 @@ class ModelConfig:
     lora_alpha: float = 16.0
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     exclude_modules: list[str] = field(default_factory=list)
+    # HF config attributes replaced before the model is built (training engines and vLLM), e.g.
+    # +actor_rollout_ref.model.override_config.attention_dropout=0.0
+    override_config: dict[str, Any] = field(default_factory=dict)
+    external_lib: str | None = None  # a module imported (driver and workers) before any model loads
     # verl keys accepted at their "off" value only (verl_keys.unsupported_errors says why)
     use_liger: bool = False
     use_fused_kernels: bool = False

@@ -27,18 +27,21 @@ class OptimConfig:
     lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     lr_scheduler: str = "constant"  # constant | cosine
-    warmup_style: str | None = None  # verl's PPO name for lr_scheduler; when set, it wins
+    # verl's names for lr_scheduler: lr_scheduler_type (current) and warmup_style (older PPO
+    # configs); a set one wins, lr_scheduler_type first
+    lr_scheduler_type: str | None = None
+    warmup_style: str | None = None
     min_lr_ratio: float = 0.0
     clip_grad: float = 1.0  # max global grad L2 norm; <= 0 disables clipping
 
     @property
     def schedule(self) -> str:
-        return self.warmup_style or self.lr_scheduler
+        return getattr(self, self.schedule_key)
 
     @property
     def schedule_key(self) -> str:
         """The key the schedule was read from, for error messages."""
-        return "warmup_style" if self.warmup_style else "lr_scheduler"
+        return next(k for k in ("lr_scheduler_type", "warmup_style", "lr_scheduler") if getattr(self, k))
 
 
 # what verl's checkpoint.save_contents may name; hybridflow always saves the first three

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridflow.config.common import CheckpointContents, FSDPConfig, MegatronConfig, OptimConfig, path_field
 
@@ -20,6 +21,8 @@ class CriticModelConfig:
     # run each distinct prompt of a micro-batch once and share its KV cache among its samples
     # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
+    override_config: dict[str, Any] = field(default_factory=dict)  # as actor_rollout_ref.model's
+    external_lib: str | None = None  # as actor_rollout_ref.model's
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl keeps it under critic.model
 
 

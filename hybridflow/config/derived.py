@@ -38,6 +38,27 @@ def needs_reference(cfg: RootConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+def critic_shares_actor_model(cfg: RootConfig) -> bool:
+    """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model."""
+    return cfg.critic.model.path in (None, cfg.actor_rollout_ref.model.path)
+
+
+def critic_override_config(cfg: RootConfig) -> dict:
+    """``critic.model.override_config``, or the actor's when the critic starts from the actor's
+    model and sets none. verl reads only the critic's own key (its default is empty); here a
+    critic built from the actor's checkpoint sees the model the actor trains (rope scaling, context
+    length, norms) unless it says otherwise, which is what a user who overrides the actor means."""
+    own = cfg.critic.model.override_config
+    return dict(cfg.actor_rollout_ref.model.override_config if not own and critic_shares_actor_model(cfg) else own)
+
+
+def critic_external_lib(cfg: RootConfig) -> str | None:
+    """``critic.model.external_lib``, or the actor's when the critic starts from the actor's model
+    (a module that registers that model's architecture is needed to build it there too)."""
+    own = cfg.critic.model.external_lib
+    return own or (cfg.actor_rollout_ref.model.external_lib if critic_shares_actor_model(cfg) else None)
+
+
 def model_parallel(strategy: str, megatron) -> tuple[int, int]:
     """(tp, pp) a role trains with; fsdp shards data-parallel only."""
     if strategy == "megatron":
@@ -189,19 +210,21 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
                             cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
                             actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
                             log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout), actor.grad_clip)
-    return engine | lora_kwargs(cfg.actor_rollout_ref.model)
+    return engine | lora_kwargs(cfg.actor_rollout_ref.model) | {
+        "override_config": dict(cfg.actor_rollout_ref.model.override_config)}
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     critic, d = cfg.critic, derived
     total = None if d.total_training_steps is None else d.total_training_steps * d.critic_optimizer_steps_per_step
-    return _engine_kwargs(critic.strategy, critic.megatron, critic.param_dtype, critic.optim,
-                          critic.model, critic.ppo_micro_batch_size_per_gpu, total,
-                          d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config,
-                          critic.forward_micro_batch_size_per_gpu,
-                          critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
-                          (critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)
-                          if critic.use_dynamic_bsz else None, critic.grad_clip)
+    engine = _engine_kwargs(critic.strategy, critic.megatron, critic.param_dtype, critic.optim,
+                            critic.model, critic.ppo_micro_batch_size_per_gpu, total,
+                            d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config,
+                            critic.forward_micro_batch_size_per_gpu,
+                            critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
+                            (critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)
+                            if critic.use_dynamic_bsz else None, critic.grad_clip)
+    return engine | {"override_config": critic_override_config(cfg)}
 
 
 # rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling
@@ -230,4 +253,5 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
         load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
         vllm_engine_kwargs=dict(r.engine_kwargs.vllm),
+        hf_overrides=dict(cfg.actor_rollout_ref.model.override_config),  # vLLM builds the actor's model
         seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.root import RootConfig
+from hybridflow.config.verl_inert import is_inert, pop_inert_keys
 
 T = TypeVar("T")
 # Top-level nodes Hydra itself may leave in a composed config.
@@ -73,6 +74,7 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     :class:`ConfigError` listing every unknown key and wrong type.
     """
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
+    _fold_ray_kwargs(root)
     mode = root.trainer.resume_mode
     if mode == "resume_path":  # verl's spelling of "resume from this folder"
         if not root.trainer.resume_from_path:
@@ -84,16 +86,31 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     return root
 
 
+def _fold_ray_kwargs(root: RootConfig) -> None:
+    """verl moved ``ray_init`` under ``ray_kwargs``; accept both, one value per key."""
+    new, old = root.ray_kwargs.ray_init, root.ray_init
+    for f in dataclasses.fields(new):
+        value, current = getattr(new, f.name), getattr(old, f.name)
+        if value is None or value == current:
+            continue
+        if current is not None:
+            raise ConfigError(f"ray_kwargs.ray_init.{f.name}={value!r} and ray_init.{f.name}={current!r} set the "
+                              "same thing (verl's newer and older key): keep one of them")
+        setattr(old, f.name, value)
+
+
 def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:
     """The generic converter behind :func:`load_config` (also used for the SFT tree)."""
     data = _plain(cfg)
     if not isinstance(data, Mapping):
         raise ConfigError(f"the config must be a mapping of sections, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if k not in IGNORED_TOP_LEVEL}
-    builder = _Builder(dotted_keys(cls))
+    valid = dotted_keys(cls)
+    inert_errors = pop_inert_keys(data, valid) if cls is RootConfig else []
+    builder = _Builder(valid)
     result = builder.build(cls, data, "")
-    if builder.errors:
-        raise ConfigError("; ".join(builder.errors))
+    if builder.errors or inert_errors:
+        raise ConfigError("; ".join(builder.errors + inert_errors))
     _absolutize_paths(result, base_dir)
     return result
 
@@ -120,7 +137,9 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    overrides = list(overrides)
+    # verl's inert keys are not in the recipes' YAML: let Hydra add them ("++" adds or replaces)
+    overrides = [f"++{o.lstrip('+')}" if schema is RootConfig and is_inert(_override_key(o) or "") else o
+                 for o in overrides]
     try:
         with initialize_config_dir(config_dir=config_dir or RECIPES_CONFIG_DIR, version_base=None):
             return compose(config_name=config_name, overrides=overrides)

@@ -36,6 +36,9 @@ class RewardModelConfig:
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size_per_gpu: int = 8
     micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
+    # score with custom_reward_function on a driver thread while the workers compute log-probs
+    # and values (not with a reward model, or with algorithm.filter_groups: scored at once)
+    launch_reward_fn_async: bool = False
 
 
 @dataclass

@@ -8,7 +8,7 @@ from hybridflow.config.algorithm import AlgorithmConfig
 from hybridflow.config.critic import CriticConfig
 from hybridflow.config.data import DataConfig
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig
-from hybridflow.config.trainer import RayInitConfig, TrainerConfig
+from hybridflow.config.trainer import RayInitConfig, RayKwargsConfig, TrainerConfig
 
 
 @dataclass
@@ -22,3 +22,4 @@ class RootConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -16,9 +16,8 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
 from hybridflow.config.ranges import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, optim_rows
 from hybridflow.config.trainer import RayInitConfig
-from hybridflow.config.validate import (
-    DEVICES, TRUNCATION_MODES, check_divides, fsdp_size_error, read_model_config, unknown_name,
-)
+from hybridflow.config.model_checks import check_divides, read_model_config
+from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, unknown_name
 
 
 @dataclass

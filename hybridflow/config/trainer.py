@@ -52,3 +52,14 @@ class TrainerConfig:
 class RayInitConfig:
     address: str | None = None  # None: start a local Ray; "auto": join a running cluster
     num_cpus: int | None = None  # local Ray only; None: Ray's default (the machine's cores)
+
+
+@dataclass
+class RayKwargsConfig:
+    """verl's newer home of ``ray_init`` (``ray_kwargs.ray_init.num_cpus=...``). ``load_config``
+    folds a value set here into ``ray_init``, which the rest of the code reads."""
+
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    # a Chrome trace (chrome://tracing, Perfetto) of every Ray task and actor call of the run,
+    # written when it ends (ray.timeline)
+    timeline_json_file: str | None = field(default=None, metadata=PATH)

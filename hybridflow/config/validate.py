@@ -7,7 +7,6 @@ the devices at hand. Each message names the key(s) and says how to fix them.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 from typing import Any
@@ -23,6 +22,10 @@ from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
+from hybridflow.config.model_checks import (
+    external_lib_errors, model_shape_errors, override_config_errors, read_model_config,
+)
+from hybridflow.model_overrides import overridden_dict
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +53,20 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
               + checkpoint_errors(cfg) + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
         errors += convert_global_micro_batch_sizes(cfg) + batch_errors(cfg)
+    # imported before the model's config is read: the module may register its model_type
+    errors += external_lib_errors(cfg)
     if check_paths:
         errors += path_errors(cfg)
         if model_config is None:
             model_config = read_model_config(cfg.actor_rollout_ref.model.path)
     if model_config is not None:
-        errors += model_shape_errors(cfg, model_config)
+        errors += override_config_errors(cfg, model_config)
+        # the sizes the run builds: an override of max_position_embeddings counts
+        errors += model_shape_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
     errors += device_errors(cfg, available_slots)
     if errors:
         raise ConfigError("; ".join(errors))
     _warn_odd_settings(cfg)
-
-
-def read_model_config(model_path: str) -> dict | None:
-    path = os.path.join(model_path, "config.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def unknown_name(key: str, value: Any, allowed) -> str:
@@ -289,43 +288,6 @@ def token_budget_errors(cfg: RootConfig) -> list[str]:
     return [f"{key}={budget} must hold one whole sequence with use_dynamic_bsz: at least "
             f"data.max_prompt_length + data.max_response_length = {seq}"
             for key, budget, used in budgets if used and budget < seq]
-
-
-def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: int | None) -> None:
-    if size > 1 and value is not None and value % size:
-        errors.append(f"{size_key}={size} must divide the model's {cfg_key}={value}: use one of "
-                      f"{[k for k in range(1, value + 1) if value % k == 0 and k <= 8]}")
-
-
-def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
-    """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
-    heads and the MLP, and needs kv heads and its TP to divide one another."""
-    arr, errors = cfg.actor_rollout_ref, []
-    heads, layers = hf.get("num_attention_heads"), hf.get("num_hidden_layers")
-    shapes = {"num_attention_heads": heads,
-              "num_key_value_heads": hf.get("num_key_value_heads", heads),
-              "vocab_size": hf.get("vocab_size"), "intermediate_size": hf.get("intermediate_size")}
-    roles = [(arr.actor, f"{ARR}.actor")]
-    if needs_critic(cfg) and cfg.critic.model.path in (None, arr.model.path):
-        roles.append((cfg.critic, "critic"))  # same architecture as the actor
-    for role, key in roles:
-        tp, pp = model_parallel(role.strategy, role.megatron)
-        for name, value in shapes.items():
-            check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)
-        check_divides(errors, f"{key}.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers", layers)
-    rtp, rkey = arr.rollout.tensor_model_parallel_size, f"{ARR}.rollout.tensor_model_parallel_size"
-    check_divides(errors, rkey, rtp, "num_attention_heads", heads)
-    check_divides(errors, rkey, rtp, "intermediate_size", shapes["intermediate_size"])
-    kv = shapes["num_key_value_heads"]
-    if kv and kv % rtp and rtp % kv:
-        errors.append(f"{rkey}={rtp} and the model's num_key_value_heads={kv} must divide one "
-                      "another (vLLM replicates or splits kv heads): change the rollout tp")
-    max_pos = hf.get("max_position_embeddings")
-    total = cfg.data.max_prompt_length + cfg.data.max_response_length
-    if max_pos is not None and total > max_pos:
-        errors.append(f"data.max_prompt_length + data.max_response_length = {total} exceeds the "
-                      f"model's max_position_embeddings={max_pos}: shorten them")
-    return errors
 
 
 def path_errors(cfg: RootConfig) -> list[str]:

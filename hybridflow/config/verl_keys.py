@@ -33,6 +33,7 @@ VLLM_KWARGS_FROM_KEYS = {
     "gpu_memory_utilization": f"{ARR}.rollout.gpu_memory_utilization",
     "kv_cache_memory_bytes": f"{ARR}.rollout.kv_cache_gib",
     "enable_sleep_mode": f"{ARR}.rollout.free_cache_engine",
+    "hf_overrides": f"{ARR}.model.override_config",  # the training engines apply it too
 }
 # ... and those no key changes, because the rollout relies on them
 VLLM_KWARGS_FIXED = {

@@ -74,13 +74,14 @@ def _objects(values) -> np.ndarray:
     return out
 
 
-def carry(batch, texts: Sequence[str] | None, extra_columns: dict[str, Sequence[Any]]) -> None:
+def carry(batch, texts: Sequence[str] | None, extra_columns: dict[str, Sequence[Any]], order=None) -> None:
     """Hang the scored texts (None: the rows came from a reward model, no text was decoded) and
-    the reward fields on the batch's rows. One dict column for the fields, so batches whose
-    functions returned other keys still concatenate."""
-    nt = batch.non_tensor_batch
-    nt[RESPONSE_TEXT] = _objects([None] * len(batch) if texts is None else texts)
-    nt[REWARD_EXTRA] = _objects(extras_per_row(extra_columns, len(batch)))
+    the reward fields on the batch's rows (``order``: the rows were scored before the batch was
+    reordered by it). One dict column for the fields, so batches whose functions returned other
+    keys still concatenate."""
+    nt, rows = batch.non_tensor_batch, slice(None) if order is None else np.asarray(order)
+    nt[RESPONSE_TEXT] = _objects([None] * len(batch) if texts is None else texts)[rows]
+    nt[REWARD_EXTRA] = _objects(extras_per_row(extra_columns, len(batch)))[rows]
 
 
 def take_carried(batch) -> dict:

@@ -9,9 +9,11 @@ batches and computes advantages (cheap, on CPU).
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -27,6 +29,8 @@ from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, through
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -61,6 +65,15 @@ class PPOTrainer:
                           and actor.ppo_mini_batch_size == cfg.data.train_batch_size and not algo.use_kl_in_reward)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
+        # verl's launch_reward_fn_async: the reward function scores on a driver thread while the
+        # workers compute old log-probs, reference log-probs and values. Not for a reward model
+        # (itself a worker call) nor with dynamic sampling, which needs the scores at once.
+        overlap = cfg.reward_model.launch_reward_fn_async
+        if overlap and (self.rm is not None or algo.filter_groups.enable):
+            logger.warning("reward_model.launch_reward_fn_async: rewards are computed before the next stage "
+                           "(a reward model, or algorithm.filter_groups, needs them there)")
+            overlap = False
+        self.reward_thread = ThreadPoolExecutor(1, thread_name_prefix="reward") if overlap else None
         tp, pp = model_parallel(actor.strategy, actor.megatron)
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
@@ -106,16 +119,18 @@ class PPOTrainer:
     def step(self, batch: DataProto) -> dict:
         cfg, metrics = self.cfg, {}
         with timer("step", metrics):
-            batch, baselines, filter_values = self._rollout(batch, metrics)
+            batch, baselines, filter_values, pending = self._rollout(batch, metrics)
             if cfg.algorithm.filter_groups.enable:
                 batch, baselines = self._keep_informative_prompts(batch, baselines, filter_values, metrics)
+            order = None
             if cfg.trainer.balance_batch:  # even the tokens each data-parallel rank computes
                 order, balance_metrics = balanced_order(batch.batch["attention_mask"].sum(-1),
                                                         batch.non_tensor_batch["uid"], self.actor_dp)
                 batch = batch.reorder(order)
                 baselines = None if baselines is None else baselines[order]
                 metrics.update(balance_metrics)
-            carried = take_carried(batch) if cfg.trainer.rollout_data_dir else None  # kept off the workers
+            dump = cfg.trainer.rollout_data_dir
+            carried = take_carried(batch) if dump and pending is None else None  # kept off the workers
             if not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))
@@ -127,6 +142,10 @@ class PPOTrainer:
             if self.critic is not None:
                 with timer("values", metrics):
                     batch.union(self.critic.compute_values(batch))
+            if pending is not None:  # scored on the reward thread meanwhile
+                with timer("reward", metrics):  # only what the overlap did not hide
+                    self._apply_scores(batch, pending.result(), metrics, order)
+                carried = take_carried(batch) if dump else None
 
             with timer("adv", metrics):
                 self.compute_advantages(batch, baselines, metrics)
@@ -147,8 +166,8 @@ class PPOTrainer:
     # ------------------------------------------------------------------ pieces
     def _rollout(self, batch: DataProto, metrics: dict):
         """Generate ``rollout.n`` responses per prompt and score them: (the batch, one row per
-        response, with ``token_level_scores``; ReMax's baselines or None; dynamic sampling's
-        per-row metric values or None)."""
+        response; ReMax's baselines or None; dynamic sampling's per-row metric values or None;
+        ``score``'s result for the batch, or its future when the reward thread computes it)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -168,14 +187,23 @@ class PPOTrainer:
         batch = batch.repeat(n, interleave=True)
         batch.pop(["input_ids", "attention_mask", "position_ids"])
         batch.union(gen_out)
+        if self.reward_thread is not None:  # a snapshot: the step goes on changing the batch's columns
+            return batch, baselines, None, self.reward_thread.submit(self.score, batch.select(["responses",
+                                                                                               "response_mask"]))
         with timer("reward", metrics):
-            token_scores, scores, reward_metrics, extra, texts = self.score(batch)
-            batch.batch["token_level_scores"] = token_scores
-            metrics.update(reward_metrics)
-        if self.cfg.trainer.rollout_data_dir:  # the dump reuses these texts: no second decode
-            carry(batch, texts, extra)
+            scoring = self.score(batch)
+            self._apply_scores(batch, scoring, metrics)
         fg = self.cfg.algorithm.filter_groups
-        return batch, baselines, metric_values(fg.metric, scores, extra) if fg.enable else None
+        return batch, baselines, metric_values(fg.metric, scoring[1], scoring[3]) if fg.enable else None, None
+
+    def _apply_scores(self, batch: DataProto, scoring: tuple, metrics: dict, order=None) -> None:
+        """Put ``score``'s token-level scores on the batch, and for the rollout dump its texts and
+        reward fields; ``order``: the batch's rows were reordered after scoring."""
+        token_scores, _, reward_metrics, extra, texts = scoring
+        batch.batch["token_level_scores"] = token_scores if order is None else token_scores[order]
+        metrics.update(reward_metrics)
+        if self.cfg.trainer.rollout_data_dir:  # the dump reuses these texts: no second decode
+            carry(batch, texts, extra, order)
 
     def _keep_informative_prompts(self, batch: DataProto, baselines, values, metrics: dict):
         """DAPO's dynamic sampling: keep the prompts whose samples differ, generating further
@@ -197,8 +225,8 @@ class PPOTrainer:
                     f"{generated} generation batches (max_num_gen_batches); raise it (0: no cap) or use data "
                     "the model sometimes solves")
             generated += 1
-            batch, baselines, values = self._rollout(DataProto.from_single_dict(self.train_loader.next_batch()),
-                                                     metrics)
+            batch, baselines, values, _ = self._rollout(DataProto.from_single_dict(self.train_loader.next_batch()),
+                                                        metrics)
         metrics.update({"filter_groups/num_gen_batches": generated, "filter_groups/kept_prompts_frac":
                         found / seen})
         batch = DataProto.concat(kept)[: want * n]

@@ -129,3 +129,10 @@ def test_export_of_a_folder_without_checkpoint_is_a_clear_error(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "is not a checkpoint" in proc.stderr and "global_step_N" in proc.stderr
+
+
+def test_export_names_an_external_lib_it_cannot_import(tmp_path, capsys):
+    from hybridflow.export import main
+
+    assert main([str(tmp_path), str(tmp_path / "out"), "--external-lib", "no_such_module_xyz"]) == 2
+    assert capsys.readouterr().err.startswith("export error: --external-lib='no_such_module_xyz' cannot be imported")

@@ -103,7 +103,7 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # a replicated reference next to a sharded actor
         "trainer.log_val_generations=3", f"trainer.rollout_data_dir={out}/rollout",
-        f"trainer.validation_data_dir={out}/validation"])
+        f"trainer.validation_data_dir={out}/validation", f"ray_kwargs.timeline_json_file={out}/timeline.json"])
     metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"))
     assert metrics[1]["actor/ppo_kl"] != 0.0
     # 3 validation samples as text at each validation (before training and at the last step)
@@ -122,6 +122,9 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
         assert len(rows) == VAL_SIZE, (step, len(rows))
         assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(metrics[step]["val/score/mean"], abs=1e-6)
     assert validation[0][:3] == samples[:3]  # one set of rows serves both files
+    with open(os.path.join(out, "timeline.json")) as f:  # Ray's Chrome trace of the run
+        traced = {event.get("name", "") for event in json.load(f)}
+    assert any("generate_sequences" in name for name in traced) and any("update_actor" in name for name in traced)
 
     # trainer.val_only on the exported model: greedy validation reproduces the last one, no training
     evaluation = str(tmp_path / "val_only")
@@ -242,6 +245,9 @@ CONFIG_ERRORS = [
     ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator"),
     ("trainer.n_gpus_per_node=8", "trainer.n_gpus_per_node"),
     ("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n"),
+    # imported in the driver before the model's config is read (and again in each worker)
+    ("actor_rollout_ref.model.external_lib=no_such_module_xyz",
+     "actor_rollout_ref.model.external_lib='no_such_module_xyz' cannot be imported"),
 ]
 
 
@@ -346,7 +352,8 @@ def test_reward_function_raising_everywhere_stops_the_run_and_names_the_checkpoi
     result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", f"custom_reward_function.path={broken}",
-        "trainer.val_before_train=false"])
+        "trainer.val_before_train=false",
+        "reward_model.launch_reward_fn_async=true"])  # raised on the reward thread: the same one line
     assert result.returncode == 1, result.stderr[-3000:]
     ours = [line for line in result.stderr.splitlines() if line.startswith(("reward function error:", "the run stopped"))]
     assert len(ours) == 2, result.stderr[-3000:]

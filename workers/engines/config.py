@@ -6,7 +6,8 @@ with defaults that keep the textbook behaviour (cosine decays to 0, AdamW's usua
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 STRATEGIES = ("fsdp", "megatron")
 PARAM_DTYPES = ("fp32", "bf16")
@@ -68,6 +69,9 @@ class EngineConfig:
     lora_alpha: float = 16.0
     target_modules: str | list[str] = "all-linear"
     exclude_modules: list[str] | None = None
+    # verl's model.override_config: HF config attributes replaced before the model is built
+    # (hybridflow/model_overrides.py); the engine's hf_config, save_hf and checkpoints carry them
+    override_config: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
 
     @property

@@ -14,6 +14,10 @@ Roles:
   at position ``P + t - 1`` (the state before the token is generated), the same alignment as the
   log-probs.
 
+Every role builds its model from the checkpoint's config with ``config.override_config`` applied
+(verl's ``model.override_config``, ``hybridflow/model_overrides.py``); ``hf_config``, ``save_hf``
+and checkpoints carry the overridden config.
+
 Padding: by default each micro-batch is cut to the columns where any row has a real token
 (``active_span``: left prompt padding and right response padding beyond the longest response are
 never computed). With ``use_remove_padding`` all real tokens of a micro-batch are packed into one
@@ -41,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
 from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
+from hybridflow.model_overrides import load_hf_config
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
                                   mean_over_ranks, mini_batch_meta, skipped_rows_frac)
 from workers.engines import fsdp_layout, prefix_sharing
@@ -66,15 +71,15 @@ if hf_device.device_type() == "cpu":
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
 
-def _load_hf_model(model_path: str, role: str) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+def _load_hf_model(model_path: str, role: str, overrides: dict | None = None) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    if role == "critic":
-        config = AutoConfig.from_pretrained(model_path)
+    config = load_hf_config(model_path, overrides)
+    if role == "critic":  # after the overrides: the value head needs these whatever they say
         config.num_labels = 1
         config.classifier_dropout = 0.0  # the token-classification head otherwise defaults to 0.1
         return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32)
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
 
 
 def _aliased_parameter_names(model: torch.nn.Module) -> set[str]:
@@ -104,7 +109,7 @@ class FSDPEngine:
         self.shard_size = fsdp_layout.resolve_shard_size(config.fsdp_size, self.dp_size)
 
         torch.manual_seed(config.seed)  # the critic's new head must start identical on all ranks
-        model = _load_hf_model(model_path, role)
+        model = _load_hf_model(model_path, role, config.override_config)
         model.config.use_cache = False
         self.hf_config = model.config
         self.architecture = type(model).__name__

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from hybridflow import device as hf_device
 from hybridflow import shm_group
+from hybridflow.model_overrides import load_hf_config
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
                                   mean_over_ranks, mini_batch_meta, skipped_rows_frac)
 from workers.engines import prefix_sharing
@@ -93,10 +94,9 @@ class MegatronEngine:
         if not dist.is_initialized():
             raise RuntimeError("MegatronEngine needs an initialised torch.distributed world; call "
                                "hybridflow.device.init_distributed() (or Worker.init_distributed()) first")
-        from transformers import AutoConfig
-
         self.role, self.model_path = role, model_path
-        self.hf_config = AutoConfig.from_pretrained(model_path)
+        # the layers read their sizes, norms' eps and rope from it; save_hf and checkpoints write it
+        self.hf_config = load_hf_config(model_path, config.override_config)
         self.dims = ModelDims.from_hf(self.hf_config)
         self.tp, self.pp = config.tp, config.pp
         self.dims.check_parallel(self.tp, self.pp)

@@ -47,7 +47,9 @@ class RolloutConfig:
     (None: ``prompt_length + response_length``); ``enable_prefix_caching``, ``disable_log_stats``
     and ``load_format`` are vLLM's arguments of those names (``"dummy"``: random weights, which the
     hybrid worker replaces by syncing the actor's before the first generation);
-    ``vllm_engine_kwargs`` go to vLLM's ``LLM(...)`` as given.
+    ``vllm_engine_kwargs`` go to vLLM's ``LLM(...)`` as given. ``hf_overrides`` is the actor's
+    ``model.override_config``: vLLM builds its model from the checkpoint's config with the same
+    attributes replaced as the training engines (``hybridflow/model_overrides.py``).
     """
 
     name: str = "vllm"
@@ -76,6 +78,7 @@ class RolloutConfig:
     disable_log_stats: bool = True
     load_format: str = "auto"
     vllm_engine_kwargs: dict = field(default_factory=dict)
+    hf_overrides: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in ROLLOUT_NAMES:

@@ -32,6 +32,7 @@ and weights stay resident; size ``kv_cache_gib`` so that it and the training sta
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from typing import Iterable
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.device import device_type
+from hybridflow.model_overrides import apply_overrides, load_hf_config
 from hybridflow.shm_group import unlink_shm_segment
 from hybridflow.protocol import DataProto
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
@@ -174,6 +176,10 @@ def llm_kwargs(config: RolloutConfig, model_path: str, hf_config, dp_rank: int, 
         disable_log_stats=config.disable_log_stats,
         load_format=config.load_format,
     )
+    if config.hf_overrides:
+        # vLLM calls it on the checkpoint's config: the training engines' function, so both build
+        # one model (vLLM's dict form would drop a rope_theta override and replace rope_scaling whole)
+        kwargs["hf_overrides"] = functools.partial(apply_overrides, overrides=dict(config.hf_overrides))
     if on_gpu:
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
     elif config.kv_cache_gib is not None:
@@ -201,7 +207,7 @@ class VLLMRollout:
     """
 
     def __init__(self, config: RolloutConfig, model_path: str):
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import GenerationConfig
         from vllm import LLM
 
         if not dist.is_initialized():
@@ -209,7 +215,7 @@ class VLLMRollout:
                                "call hybridflow.device.init_distributed() first")
         self.config = config
         rank, world = dist.get_rank(), dist.get_world_size()
-        hf_config = AutoConfig.from_pretrained(model_path)
+        hf_config = load_hf_config(model_path, config.hf_overrides)
         tp = config.tensor_model_parallel_size
         check_generation_tp(tp, world, hf_config.num_attention_heads)
         self.dp_rank, self.dp_size, self.is_collect = generation_layout(rank, world, tp)

@@ -39,6 +39,9 @@ def test_engine_kwargs_build_valid_engine_configs():
     critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate()
     assert (critic.strategy, critic.tp, critic.lr, critic.warmup_steps) == ("fsdp", 1, 1e-5, 3)
     assert (actor.lr_schedule, critic.lr_schedule) == ("cosine", "cosine")
+    cfg.critic.optim.lr_scheduler_type = "constant"  # verl's current name wins over warmup_style
+    validate(cfg, check_paths=False)
+    assert engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate().lr_schedule == "constant"
 
 
 def test_rollout_kwargs_build_the_rollout_config():
@@ -131,3 +134,23 @@ def test_rollout_dtype_auto_follows_the_actor_compute_dtype(param_dtype, rollout
     cfg = load_config({"actor_rollout_ref": {"actor": {"param_dtype": param_dtype},
                                              "rollout": {"dtype": rollout_dtype}}})
     assert rollout_base.RolloutConfig(**rollout_engine_kwargs(cfg)).dtype == expected
+
+
+@pytest.mark.parametrize("critic_model,critic_override,critic_lib", [
+    ({}, {"rms_norm_eps": 0.3}, "actor_lib"),  # the critic starts from the actor's model: the actor's keys
+    ({"override_config": {"attention_dropout": 0.1}, "external_lib": "critic_lib"}, {"attention_dropout": 0.1},
+     "critic_lib"),
+    ({"path": "/other/model"}, {}, None),  # another checkpoint: none of the actor's
+])
+def test_override_config_and_external_lib_reach_every_model(critic_model, critic_override, critic_lib):
+    build = pytest.importorskip("recipes.build")
+    cfg = load_config({"algorithm": {"adv_estimator": "gae"},
+                       "actor_rollout_ref": {"model": {"override_config": {"rms_norm_eps": 0.3},
+                                                       "external_lib": "actor_lib"}},
+                       "critic": {"model": critic_model}, "trainer": {"n_gpus_per_node": 2}})
+    d = derive(cfg, dataset_len=64)
+    settings = build.actor_settings(cfg, d, ("actor", "rollout", "ref"))
+    assert settings.actor.override_config == settings.ref.override_config == {"rms_norm_eps": 0.3}
+    assert settings.rollout.hf_overrides == {"rms_norm_eps": 0.3} and settings.external_lib == "actor_lib"
+    critic = build.role_specs(cfg, d)[1]["critic"].args[0]
+    assert (critic.engine.override_config, critic.external_lib) == (critic_override, critic_lib)

@@ -194,6 +194,14 @@ def test_ray_address_env_joins_an_existing_cluster(monkeypatch):
     assert ray_address_from_env(explicit).ray_init.address == "auto"  # the config wins
 
 
+def test_ray_kwargs_ray_init_is_verls_newer_ray_init():
+    cfg = load_config(compose_config("grpo", ["ray_kwargs.ray_init.num_cpus=3"]))
+    assert cfg.ray_init.num_cpus == 3
+    assert load_config(compose_config("grpo", ["ray_init.num_cpus=3", "ray_kwargs.ray_init.num_cpus=3"])) == cfg
+    with pytest.raises(ConfigError, match=r"^ray_kwargs.ray_init.num_cpus=4 and ray_init.num_cpus=3 set the same"):
+        load_config(compose_config("grpo", ["ray_init.num_cpus=3", "ray_kwargs.ray_init.num_cpus=4"]))
+
+
 def test_config_round_trips_through_asdict():
     # The trainer logs dataclasses.asdict(cfg); loading that back must give the same config.
     cfg = load_config(compose_config("ppo"))

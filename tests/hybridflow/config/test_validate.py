@@ -162,6 +162,8 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__actor__policy_loss__loss_mode="clip_cov"),
      "actor.policy_loss.loss_mode='clip_cov' is unknown"),
     (dict(actor_rollout_ref__actor__optim__warmup_style="linear"), "actor.optim.warmup_style='linear' is unknown"),
+    (dict(actor_rollout_ref__actor__optim__lr_scheduler_type="linear", actor_rollout_ref__actor__optim__warmup_style="cosine"),
+     "actor.optim.lr_scheduler_type='linear' is unknown"),
     (dict(actor_rollout_ref__rollout__mode="async"), "actor_rollout_ref.rollout.mode='async': only sync"),
     (dict(actor_rollout_ref__hybrid_engine=False), "actor_rollout_ref.hybrid_engine=false: the actor and"),
     (dict(reward_model__reward_manager="prime"), "reward_model.reward_manager='prime' is unknown"),
@@ -246,6 +248,10 @@ def test_rollout_tp_and_kv_heads_must_divide_one_another(run_dir):
 def test_sequence_lengths_must_fit_the_model(run_dir):
     cfg = grpo(data__max_prompt_length=500, data__max_response_length=16)
     assert "data.max_prompt_length + data.max_response_length = 516 exceeds" in error_of(cfg)
+    cfg = grpo(actor_rollout_ref__rollout__max_model_len=1024)
+    assert error_of(cfg).startswith("actor_rollout_ref.rollout.max_model_len=1024 exceeds the model's "
+                                    "max_position_embeddings=512")
+    validate(grpo(actor_rollout_ref__rollout__max_model_len=512))
 
 
 def test_more_workers_than_slots(run_dir):
@@ -281,3 +287,94 @@ def test_warmup_and_total_steps_follow_the_run_length(run_dir):
     assert d.actor_optimizer_steps_per_step == 4  # 2 ppo epochs x 2 mini-batches
     assert d.actor_warmup_steps == 4  # 10% of 40 optimizer steps
     assert derive(grpo(trainer__total_training_steps=3), dataset_len=40).total_training_steps == 3
+
+
+# ---------------------------------------------------------------- model.override_config / external_lib
+OVERRIDE = "actor_rollout_ref.model.override_config"
+
+
+def test_override_config_keys_must_be_attributes_of_the_models_config(run_dir):
+    msg = error_of(grpo(actor_rollout_ref__model__override_config={"rms_norm_epss": 1e-5}))
+    assert msg.startswith(f"{OVERRIDE}.rms_norm_epss is not an attribute of the model's config (Qwen2Config): "
+                          "did you mean 'rms_norm_eps'?")
+    # verl's usual keys, rope_theta too (transformers 5 keeps it inside rope_parameters)
+    validate(grpo(actor_rollout_ref__model__override_config={
+        "attention_dropout": 0.0, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}}))
+
+
+def test_override_config_cannot_change_the_weights_shapes(run_dir):
+    msg = error_of(grpo(actor_rollout_ref__model__override_config={"num_key_value_heads": 4}))
+    assert msg.startswith(f"{OVERRIDE}.num_key_value_heads: the checkpoint's weights fix num_key_value_heads "
+                          "(it is 2): remove the override")
+
+
+def test_override_config_values_transformers_refuses(run_dir):
+    msg = error_of(grpo(actor_rollout_ref__model__override_config={"rope_scaling": {"rope_type": "linear"}}))
+    assert msg.startswith(f"{OVERRIDE}={{'rope_scaling': {{'rope_type': 'linear'}}}} is refused by transformers")
+    assert "factor" in msg
+
+
+def test_overridden_max_position_embeddings_counts_for_the_length_check(run_dir):
+    long = dict(data__max_prompt_length=500, data__max_response_length=16)
+    assert "= 516 exceeds the model's max_position_embeddings=512" in error_of(grpo(**long))
+    validate(grpo(**long, actor_rollout_ref__model__override_config={"max_position_embeddings": 1024}))
+    short = grpo(actor_rollout_ref__model__override_config={"max_position_embeddings": 40})
+    assert "data.max_prompt_length + data.max_response_length = 48 exceeds the model's " \
+           "max_position_embeddings=40" in error_of(short)
+
+
+def test_critic_override_config_is_checked_against_its_model(run_dir):
+    cfg = grpo(algorithm__adv_estimator="gae", critic__model__override_config={"rope_thetaa": 1.0})
+    assert error_of(cfg).startswith("critic.model.override_config.rope_thetaa is not an attribute of the model's "
+                                    "config (Qwen2Config): did you mean 'rope_theta'?")
+    validate(grpo(critic__model__override_config={"rope_thetaa": 1.0}))  # grpo runs no critic
+
+
+def test_vllm_hf_overrides_beside_override_config_are_refused(run_dir):
+    cfg = grpo(actor_rollout_ref__rollout__engine_kwargs={"vllm": {"hf_overrides": {"rms_norm_eps": 1e-5}}})
+    assert f"actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides is set by hybridflow from {OVERRIDE}: " \
+           in error_of(cfg)
+
+
+def test_external_lib_that_cannot_be_imported(run_dir):
+    msg = error_of(grpo(actor_rollout_ref__model__external_lib="no_such_module_xyz"))
+    assert msg.startswith("actor_rollout_ref.model.external_lib='no_such_module_xyz' cannot be imported "
+                          "(ModuleNotFoundError: No module named 'no_such_module_xyz'): install it")
+    msg = error_of(grpo(algorithm__adv_estimator="gae", critic__model__external_lib="no_such_module_xyz"))
+    assert msg.startswith("critic.model.external_lib='no_such_module_xyz' cannot be imported")
+
+
+CUSTOM_MODEL_LIB = '''
+from transformers import AutoConfig, Qwen2Config
+
+
+class HFTestTinyConfig(Qwen2Config):
+    model_type = "hf_test_tiny"
+
+
+AutoConfig.register("hf_test_tiny", HFTestTinyConfig, exist_ok=True)
+'''
+
+
+@pytest.fixture
+def custom_model_lib(run_dir, monkeypatch):
+    """A module that registers a model type with transformers, and a checkpoint of that type."""
+    import sys
+
+    (run_dir / "hf_test_model_lib.py").write_text(CUSTOM_MODEL_LIB)
+    monkeypatch.syspath_prepend(str(run_dir))
+    custom = dict(TINY_MODEL, model_type="hf_test_tiny")
+    (run_dir / "data/models/tiny-qwen2-sft/config.json").write_text(json.dumps(custom))
+    yield "hf_test_model_lib"
+    sys.modules.pop("hf_test_model_lib", None)
+
+
+def test_external_lib_is_imported_before_the_models_config_is_read(custom_model_lib):
+    import sys
+
+    cfg = grpo(actor_rollout_ref__model__external_lib=custom_model_lib,
+               actor_rollout_ref__model__override_config={"rms_norm_epss": 1e-5})
+    # the override is checked against the class the module registered: it was imported first
+    assert "is not an attribute of the model's config (HFTestTinyConfig)" in error_of(cfg)
+    assert custom_model_lib in sys.modules

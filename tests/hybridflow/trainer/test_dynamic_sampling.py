@@ -68,7 +68,7 @@ def test_the_trainer_generates_more_batches_until_enough_prompts_differ(tmp_path
     trainer = _trainer(tmp_path, informative={1, 3, 4, 9, 10, 11})
     metrics = {}
     first = DataProto.from_single_dict(trainer.train_loader.next_batch())  # prompts 0-3: two informative
-    batch, baselines, values = trainer._rollout(first, metrics)
+    batch, baselines, values, _ = trainer._rollout(first, metrics)
     batch, _ = trainer._keep_informative_prompts(batch, baselines, values, metrics)
     # 1 and 3 from the first batch, 4 from the second (5-7 all equal), 9 from the third
     assert batch.batch["responses"][:, 0].tolist() == [1, 1, 3, 3, 4, 4, 9, 9]

@@ -150,3 +150,19 @@ def test_load_formats_the_config_accepts_are_vllms():
 
     vllm_names = {"dummy" if name.startswith("dummy") else name for name in ROLLOUT_LOAD_FORMATS}
     assert vllm_names <= set(get_args(LoadFormats))
+
+
+def test_vllm_builds_its_model_with_the_actors_override_config():
+    """vLLM gets the training engines' own function as hf_overrides (a callable), only when the
+    run overrides something: its dict form would keep the checkpoint's rope_theta."""
+    from transformers import Qwen2Config
+
+    from workers.rollout.vllm_rollout import llm_kwargs
+
+    hf_config = Qwen2Config(hidden_size=64, num_attention_heads=2, num_key_value_heads=2)
+    plain = RolloutConfig(prompt_length=8, response_length=4)
+    assert "hf_overrides" not in llm_kwargs(plain, "/m", hf_config, dp_rank=0, on_gpu=False)
+    overridden = RolloutConfig(prompt_length=8, response_length=4,
+                               hf_overrides={"rope_theta": 50.0, "rms_norm_eps": 0.3})
+    engine_config = llm_kwargs(overridden, "/m", hf_config, dp_rank=0, on_gpu=False)["hf_overrides"](hf_config)
+    assert (engine_config.rope_parameters["rope_theta"], engine_config.rms_norm_eps) == (50.0, 0.3)

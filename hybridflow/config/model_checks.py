@@ -1,0 +1,83 @@
+"""The run's config against the model it trains: the checkpoint's config.json (with
+``model.override_config`` applied) must split over the parallel sizes and hold the sequence
+lengths, and ``model.external_lib`` must import. Part of ``validate``."""
+from __future__ import annotations
+
+import json
+import os
+
+from hybridflow.config.derived import critic_shares_actor_model, model_parallel, needs_critic
+from hybridflow.config.root import RootConfig
+from hybridflow.model_overrides import external_lib_error, override_errors
+
+ARR = "actor_rollout_ref"
+
+
+def read_model_config(model_path: str) -> dict | None:
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: int | None) -> None:
+    if size > 1 and value is not None and value % size:
+        errors.append(f"{size_key}={size} must divide the model's {cfg_key}={value}: use one of "
+                      f"{[k for k in range(1, value + 1) if value % k == 0 and k <= 8]}")
+
+
+def external_lib_errors(cfg: RootConfig) -> list[str]:
+    """Imports each model's external_lib here, in the driver (the workers import it again)."""
+    libs = [(f"{ARR}.model.external_lib", cfg.actor_rollout_ref.model.external_lib)]
+    if needs_critic(cfg):
+        libs.append(("critic.model.external_lib", cfg.critic.model.external_lib))
+    return [e for e in (external_lib_error(key, name) for key, name in libs) if e]
+
+
+def override_config_errors(cfg: RootConfig, hf: dict) -> list[str]:
+    """override_config keys against the config of the checkpoint each role starts from."""
+    arr = cfg.actor_rollout_ref
+    errors = override_errors(f"{ARR}.model.override_config", hf, arr.model.override_config)
+    critic = cfg.critic.model
+    if needs_critic(cfg) and critic.override_config:
+        critic_hf = hf if critic_shares_actor_model(cfg) else read_model_config(critic.path)
+        if critic_hf is not None:  # else path_errors names the missing checkpoint
+            errors += override_errors("critic.model.override_config", critic_hf, critic.override_config)
+    return errors
+
+
+def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
+    """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
+    heads and the MLP, and needs kv heads and its TP to divide one another."""
+    arr, errors = cfg.actor_rollout_ref, []
+    heads, layers = hf.get("num_attention_heads"), hf.get("num_hidden_layers")
+    shapes = {"num_attention_heads": heads,
+              "num_key_value_heads": hf.get("num_key_value_heads", heads),
+              "vocab_size": hf.get("vocab_size"), "intermediate_size": hf.get("intermediate_size")}
+    roles = [(arr.actor, f"{ARR}.actor")]
+    if needs_critic(cfg) and critic_shares_actor_model(cfg):
+        roles.append((cfg.critic, "critic"))  # same architecture as the actor
+    for role, key in roles:
+        tp, pp = model_parallel(role.strategy, role.megatron)
+        for name, value in shapes.items():
+            check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)
+        check_divides(errors, f"{key}.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers", layers)
+    rtp, rkey = arr.rollout.tensor_model_parallel_size, f"{ARR}.rollout.tensor_model_parallel_size"
+    check_divides(errors, rkey, rtp, "num_attention_heads", heads)
+    check_divides(errors, rkey, rtp, "intermediate_size", shapes["intermediate_size"])
+    kv = shapes["num_key_value_heads"]
+    if kv and kv % rtp and rtp % kv:
+        errors.append(f"{rkey}={rtp} and the model's num_key_value_heads={kv} must divide one "
+                      "another (vLLM replicates or splits kv heads): change the rollout tp")
+    max_pos = hf.get("max_position_embeddings")
+    total = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if max_pos is not None and total > max_pos:
+        errors.append(f"data.max_prompt_length + data.max_response_length = {total} exceeds the "
+                      f"model's max_position_embeddings={max_pos}: shorten them")
+    mml = arr.rollout.max_model_len
+    if max_pos is not None and mml is not None and mml > max_pos:
+        # vLLM refuses this too, but only inside the workers, after every model has loaded
+        errors.append(f"{ARR}.rollout.max_model_len={mml} exceeds the model's "
+                      f"max_position_embeddings={max_pos}: lower it or leave it unset")
+    return errors

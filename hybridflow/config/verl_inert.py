@@ -1,0 +1,124 @@
+"""verl keys that change nothing here, accepted so verl's scripts and generated configs run
+unchanged.
+
+Each key is listed with the values it is accepted at and what it is in verl. ``ANY``: every value
+is accepted because the key only tunes speed or memory in a way that has no counterpart here.
+Otherwise a value outside the listed ones asks for a feature hybridflow does not have, and the
+run fails before any worker starts with the reason, so it never silently differs from what was
+asked.
+
+These are not fields of the config dataclasses, since no code reads them: ``load.to_dataclass``
+removes them from the tree after checking their values (:func:`pop_inert_keys`), and
+``load.compose_config`` lets Hydra add them without the ``+`` a key missing from the recipe's
+YAML would otherwise need. Keys hybridflow implements, or accepts with an effect, are fields.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+ANY = None
+ARR = "actor_rollout_ref"
+_ULYSSES = ((1,), "Ulysses sequence parallelism is not implemented (long sequences: use_remove_padding, "
+                  "use_dynamic_bsz, or strategy=megatron with tensor parallelism)")
+
+
+def _fsdp(section: str) -> dict[str, tuple[tuple | None, str]]:
+    return {
+        f"{section}.offload_policy": ((False,), "FSDP2's CPUOffloadPolicy is not used; param_offload and "
+                                                "optimizer_offload move state between engine calls"),
+        f"{section}.model_dtype": (("fp32", "float32"), "the FSDP model holds fp32 master weights; for bf16 "
+                                                        "compute set param_dtype=bf16 on the role"),
+        f"{section}.wrap_policy.min_num_params": ((0,), "FSDP2 shards each decoder layer as a unit"),
+    }
+
+
+def _megatron(section: str) -> dict[str, tuple[tuple | None, str]]:
+    return {
+        f"{section}.sequence_parallel": (ANY, "activation memory only; tensor parallelism runs without it"),
+        f"{section}.use_distributed_optimizer": (ANY, "memory only; the optimizer state is replicated over "
+                                                      "data-parallel ranks"),
+        f"{section}.virtual_pipeline_model_parallel_size": ((None, 1), "the pipeline runs the 1F1B schedule, "
+                                                                       "not the interleaved one"),
+        f"{section}.context_parallel_size": ((1,), "context parallelism is not implemented"),
+        f"{section}.expert_model_parallel_size": ((1,), "mixture-of-experts models are not supported"),
+        f"{section}.grad_offload": ((False,), "gradients stay on the device"),
+        f"{section}.seed": (ANY, "trainer.seed seeds every rank"),
+        f"{section}.use_dist_checkpointing": ((False,), "checkpoints are saved per rank in hybridflow's "
+                                                        "format and exported as HF safetensors"),
+        f"{section}.dist_checkpointing_path": ((None,), "see use_dist_checkpointing"),
+    }
+
+
+def _model(section: str) -> dict[str, tuple[tuple | None, str]]:
+    return {
+        f"{section}.use_shm": (ANY, "the checkpoint is read from its path"),
+        f"{section}.enable_activation_offload": ((False,), "activation offload is not implemented; use "
+                                                           "enable_gradient_checkpointing"),
+    }
+
+
+# dotted key -> (accepted values or ANY, what it is / why it has no effect)
+INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
+    "algorithm.use_pf_ppo": ((False,), "PF-PPO's reward-weighted resampling is not implemented"),
+    "data.image_key": (ANY, "prompts are text; no image column is read"),
+    "data.video_key": (ANY, "prompts are text; no video column is read"),
+    "data.custom_cls.path": ((None,), "a custom dataset class is not supported; rows are read in verl's "
+                                      "parquet/jsonl schema by hybridflow.data"),
+    "data.custom_cls.name": ((None,), "see data.custom_cls.path"),
+    **_model(f"{ARR}.model"), **_model("critic.model"),
+    f"{ARR}.actor.entropy_from_logits_with_chunking": (ANY, "memory only"),
+    f"{ARR}.actor.entropy_checkpointing": (ANY, "memory only"),
+    **_fsdp(f"{ARR}.actor.fsdp_config"), **_fsdp(f"{ARR}.ref.fsdp_config"), **_fsdp("critic.model.fsdp_config"),
+    **_megatron(f"{ARR}.actor.megatron"), **_megatron(f"{ARR}.ref.megatron"), **_megatron("critic.megatron"),
+    f"{ARR}.ref.ulysses_sequence_parallel_size": _ULYSSES,
+    "critic.ulysses_sequence_parallel_size": _ULYSSES,
+    f"{ARR}.rollout.calculate_log_probs": (ANY, "the rollout always returns its log-probs (rollout_log_probs)"),
+    f"{ARR}.rollout.layered_summon": (ANY, "the weight sync streams one tensor at a time anyway"),
+    f"{ARR}.rollout.multi_turn.enable": ((False,), "multi-turn and tool-calling rollouts are not implemented"),
+    f"{ARR}.rollout.agent.num_workers": (ANY, "there is no agent loop (rollout.mode=sync)"),
+    f"{ARR}.rollout.trace.backend": ((None,), "rollout tracing is not implemented"),
+    "reward_model.sandbox_fusion.url": ((None,), "sandboxed code execution rewards are not implemented; "
+                                                 "use custom_reward_function"),
+    "trainer.esi_redundant_time": (ANY, "no elastic server instance expiry to plan for"),
+    "trainer.del_local_ckpt_after_load": ((False,), "a checkpoint is never deleted after it is loaded"),
+    "trainer.ray_wait_register_center_timeout": (ANY, "workers register through Ray directly "
+                                                      "(trainer.call_timeout_s bounds every call)"),
+    "trainer.profile_steps": ((None,), "profiling is not built in; scripts/bench/ measures each stage"),
+    "trainer.use_legacy_worker_impl": (ANY, "there is one worker implementation"),
+    "global_profiler.tool": ((None,), "profiling is not built in; scripts/bench/ measures each stage"),
+    "global_profiler.steps": ((None,), "see global_profiler.tool"),
+}
+
+
+def is_inert(key: str) -> bool:
+    return key in INERT_KEYS
+
+
+def _word(value: Any) -> str:
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def pop_inert_keys(tree: dict, schema_keys: Iterable[str]) -> list[str]:
+    """Remove every inert key from a plain config tree (in place); return one error per key set to
+    a value it is not accepted at. A section left empty is removed too when the schema does not
+    have it (``data.custom_cls`` exists only for its inert keys)."""
+    errors, known = [], set(schema_keys)
+    for dotted, (accepted, why) in INERT_KEYS.items():
+        *parents, leaf = dotted.split(".")
+        chain, node = [], tree
+        for part in parents:
+            chain.append((node, part))
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        if accepted is not ANY and value not in accepted:
+            errors.append(f"{dotted}={_word(value)}: {why}; set it to {_word(accepted[0])} or remove it")
+        for depth in range(len(chain), 0, -1):  # prune sections that existed only for inert keys
+            parent, part = chain[depth - 1]
+            if parent.get(part) == {} and ".".join(parents[:depth]) not in known:
+                del parent[part]
+    return errors
