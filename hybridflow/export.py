@@ -51,9 +51,12 @@ def resolve_role_dir(path: str, role: str = "actor") -> str:
                       f"can be exported with the engine's save_hf)")
 
 
-def fsdp_tensors(role_dir: str, tied: bool) -> Iterator[tuple[str, Tensor]]:
-    """HF-named full tensors from the FSDP engine's DCP folder (model entries only)."""
+def fsdp_tensors(role_dir: str, tied: bool, lora_scalings: dict[str, float]) -> Iterator[tuple[str, Tensor]]:
+    """HF-named full tensors from the FSDP engine's DCP folder (model entries only), LoRA adapters
+    merged into their weights as the engine's own export does."""
     import torch.distributed.checkpoint as dcp
+
+    from workers.engines.lora import merge_lora
 
     reader = dcp.FileSystemReader(os.path.join(role_dir, "dcp"))
     metadata = reader.read_metadata()
@@ -62,9 +65,12 @@ def fsdp_tensors(role_dir: str, tied: bool) -> Iterator[tuple[str, Tensor]]:
              if key.startswith("model.") and hasattr(meta, "size")}
     if not model:
         raise ExportError(f"{role_dir}/dcp holds no model tensors: is it an FSDP engine checkpoint?")
+    if any(".lora_" in key for key in model) and not lora_scalings:
+        raise ExportError(f"{role_dir} holds LoRA adapters but its {ckpt.ENGINE_META} has no lora_scalings (saved "
+                          "before export could merge them): export it with the engine's save_hf instead")
     state = {"model": model}
     dcp.load(state, storage_reader=reader, no_dist=True)
-    for name, tensor in state["model"].items():
+    for name, tensor in merge_lora(state["model"].items(), lora_scalings):
         if tied and name == "lm_head.weight":  # HF checkpoints of tied models leave the alias out
             continue
         yield name, tensor
@@ -111,7 +117,8 @@ def export(checkpoint: str, out_dir: str, role: str = "actor") -> str:
     hf_dir = os.path.join(role_dir, ckpt.HF_META_DIR)
     hf_config = AutoConfig.from_pretrained(hf_dir)
     if meta["strategy"] == "fsdp":
-        tensors = fsdp_tensors(role_dir, bool(getattr(hf_config, "tie_word_embeddings", False)))
+        tensors = fsdp_tensors(role_dir, bool(getattr(hf_config, "tie_word_embeddings", False)),
+                               meta.get("lora_scalings") or {})
     elif meta["strategy"] == "megatron":
         tensors = megatron_tensors(role_dir, hf_config, meta)
     else:

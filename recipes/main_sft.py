@@ -5,7 +5,7 @@ import os
 import sys
 
 from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
-from hybridflow.config.derived import offload_kwargs
+from hybridflow.config.derived import lora_kwargs, offload_kwargs
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
@@ -62,7 +62,7 @@ def run(cfg) -> dict:
                           gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed,
                           fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,
                           reshard_after_forward=m.fsdp_config.reshard_after_forward,
-                          **offload_kwargs(m.strategy, m.fsdp_config, m.megatron))
+                          **offload_kwargs(m.strategy, m.fsdp_config, m.megatron), **lora_kwargs(m))
     use_gpu = t.device == "cuda" or (t.device == "auto" and device.device_type() == "cuda")
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local",

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.common import CheckpointContents, FSDPConfig, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, exclude_modules
     path: str = path_field("data/models/tiny-qwen2-sft")
     tokenizer_path: str | None = path_field(None)  # None: the tokenizer saved with the model
     enable_gradient_checkpointing: bool = False
@@ -22,12 +22,6 @@ class ModelConfig:
     # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
     custom_chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
-    # LoRA (strategy=fsdp): rank > 0 freezes the actor and trains rank-r adapters on target_modules
-    # ("all-linear", or module names such as q_proj), scaled by lora_alpha / lora_rank
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    exclude_modules: list[str] = field(default_factory=list)
     # HF config attributes replaced before the model is built (training engines and vLLM), e.g.
     # +actor_rollout_ref.model.override_config.attention_dropout=0.0
     override_config: dict[str, Any] = field(default_factory=dict)

@@ -44,6 +44,19 @@ class OptimConfig:
         return next(k for k in ("lr_scheduler_type", "warmup_style", "lr_scheduler") if getattr(self, k))
 
 
+@dataclass
+class LoraKeys:
+    """verl's LoRA keys of a model section (``strategy=fsdp``): ``lora_rank`` > 0 freezes the model
+    and trains rank-r adapters on ``target_modules`` (``all-linear``: every linear layer of the
+    decoder layers; or module names such as ``q_proj``), scaled by ``lora_alpha / lora_rank``
+    (workers/engines/lora.py). A critic trains its value head in full beside the adapters."""
+
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    exclude_modules: list[str] = field(default_factory=list)
+
+
 # what verl's checkpoint.save_contents may name; hybridflow always saves the first three
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 

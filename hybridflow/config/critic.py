@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.common import CheckpointContents, FSDPConfig, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
 
 
 @dataclass
-class CriticModelConfig:
+class CriticModelConfig(LoraKeys):  # LoRA: the adapters and the value head train
     path: str | None = path_field(None)
     tokenizer_path: str | None = path_field(None)
     enable_gradient_checkpointing: bool = False

@@ -194,7 +194,7 @@ def log_prob_token_budget(cfg: RootConfig, section) -> int | None:
 
 
 def lora_kwargs(model) -> dict:
-    """verl's LoRA keys of ``actor_rollout_ref.model`` as EngineConfig arguments."""
+    """verl's LoRA keys of a model section (``common.LoraKeys``) as EngineConfig arguments."""
     return dict(lora_rank=model.lora_rank, lora_alpha=model.lora_alpha, target_modules=list(model.target_modules),
                 exclude_modules=list(model.exclude_modules) or None)
 
@@ -224,7 +224,7 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
                             critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
                             (critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)
                             if critic.use_dynamic_bsz else None, critic.grad_clip)
-    return engine | {"override_config": critic_override_config(cfg)}
+    return engine | lora_kwargs(critic.model) | {"override_config": critic_override_config(cfg)}
 
 
 # rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling

@@ -102,6 +102,8 @@ def range_errors(cfg: RootConfig) -> list[str]:
              OPTIONAL_POSITIVE),
         _row("critic.ppo_epochs", c.ppo_epochs, OPTIONAL_POSITIVE),
         _row("critic.cliprange_value", c.cliprange_value, GREATER_THAN_0),
+        _row("critic.model.lora_rank", c.model.lora_rank, NON_NEGATIVE),
+        _row("critic.model.lora_alpha", c.model.lora_alpha, GREATER_THAN_0),
         *optim_rows("critic.optim", c.optim),
         *_megatron_rows("critic.megatron", c.megatron),
         _row("reward_model.micro_batch_size_per_gpu", cfg.reward_model.micro_batch_size_per_gpu, POSITIVE),

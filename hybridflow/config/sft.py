@@ -10,14 +10,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.common import PATH, FSDPConfig, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import PATH, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
 from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, model_parallel
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
-from hybridflow.config.ranges import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, optim_rows
+from hybridflow.config.ranges import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, optim_rows
 from hybridflow.config.trainer import RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
 from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, unknown_name
+from hybridflow.config.verl_keys import lora_strategy_errors
 
 
 @dataclass
@@ -38,7 +39,7 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTModelConfig:
+class SFTModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, exclude_modules
     path: str = path_field("data/models/tiny-qwen2-init")
     tokenizer_path: str | None = path_field(None)
     enable_gradient_checkpointing: bool = False
@@ -96,6 +97,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
     d, m, t = cfg.data, cfg.model, cfg.trainer
     rows = [("data.max_length", d.max_length, POSITIVE), ("data.train_batch_size", d.train_batch_size, POSITIVE),
             ("data.micro_batch_size_per_gpu", d.micro_batch_size_per_gpu, POSITIVE),
+            ("model.lora_rank", m.lora_rank, NON_NEGATIVE), ("model.lora_alpha", m.lora_alpha, GREATER_THAN_0),
             ("model.megatron.tensor_model_parallel_size", m.megatron.tensor_model_parallel_size, POSITIVE),
             ("model.megatron.pipeline_model_parallel_size", m.megatron.pipeline_model_parallel_size, POSITIVE),
             ("trainer.nnodes", t.nnodes, POSITIVE), ("trainer.n_gpus_per_node", t.n_gpus_per_node, POSITIVE),
@@ -113,6 +115,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
              ("data.truncation", d.truncation, TRUNCATION_MODES), ("trainer.device", t.device, DEVICES)]
     errors += [unknown_name(k, val, allowed) for k, val, allowed in names if val not in allowed]
     errors += [unknown_name("trainer.logger", n, BACKENDS) for n in t.logger if n not in BACKENDS]
+    errors += lora_strategy_errors("model", m.lora_rank, "model.strategy", m.strategy)
     if errors:
         raise ConfigError("; ".join(errors))
 

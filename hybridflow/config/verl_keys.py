@@ -130,9 +130,9 @@ def unsupported_errors(cfg: RootConfig) -> list[str]:
         errors.append(f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker here "
                       "(trainer.placement=separate moves the reference, critic and reward model); set it to true")
     model = cfg.actor_rollout_ref.model
-    if model.lora_rank and cfg.actor_rollout_ref.actor.strategy != "fsdp":
-        errors.append(f"{ARR}.model.lora_rank={model.lora_rank}: LoRA adapters are implemented for "
-                      f"{ARR}.actor.strategy=fsdp; set it, or lora_rank=0 with megatron")
+    errors += lora_strategy_errors(f"{ARR}.model", model.lora_rank, f"{ARR}.actor.strategy",
+                                   cfg.actor_rollout_ref.actor.strategy)
+    errors += lora_strategy_errors("critic.model", cfg.critic.model.lora_rank, "critic.strategy", cfg.critic.strategy)
     for key in ("use_liger", "use_fused_kernels"):
         if getattr(model, key):
             errors.append(f"{ARR}.model.{key}=true: these kernels are not used here (the models run "
@@ -144,6 +144,13 @@ def unsupported_errors(cfg: RootConfig) -> list[str]:
         errors.append(f"trainer.default_hdfs_dir={cfg.trainer.default_hdfs_dir!r}: HDFS upload is not "
                       "implemented; set it to null and copy trainer.default_local_dir yourself")
     return errors
+
+
+def lora_strategy_errors(section: str, rank: int, strategy_key: str, strategy: str) -> list[str]:
+    if rank and strategy != "fsdp":
+        return [f"{section}.lora_rank={rank}: LoRA adapters are implemented for {strategy_key}=fsdp; set it, "
+                f"or lora_rank=0 with {strategy}"]
+    return []
 
 
 def convert_global_micro_batch_sizes(cfg: RootConfig) -> list[str]:

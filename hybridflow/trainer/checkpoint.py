@@ -264,7 +264,9 @@ def save_engine_meta(engine, path: str, world_size: int) -> None:
         architecture, hf_config = engine.architecture, engine.hf_config
     meta = {"strategy": strategy, "role": engine.role, "world_size": world_size,
             "tp": getattr(engine, "tp", 1), "pp": getattr(engine, "pp", 1), "architecture": architecture,
-            "source_model": engine.model_path}
+            "source_model": engine.model_path,
+            # LoRA: the checkpoint holds each adapted weight's base and adapters; export merges them
+            "lora_scalings": dict(getattr(engine, "lora_scalings", None) or {})}
     hf_dir = os.path.join(path, HF_META_DIR)
     os.makedirs(hf_dir, exist_ok=True)
     hf_config = type(hf_config).from_dict(hf_config.to_dict())

@@ -116,6 +116,9 @@ class FSDPEngine:
         self._alias_names = _aliased_parameter_names(model)
         if config.lora_rank:  # before anything looks at which parameters train
             add_lora(model, config.lora_rank, config.lora_alpha, config.target_modules, config.exclude_modules)
+            if role == "critic":  # the value head is new: it trains in full (peft's modules_to_save)
+                for name, p in model.named_parameters():
+                    p.requires_grad_(not name.startswith(model.base_model_prefix + ".") or "lora_" in name)
         # {module path: alpha / r} of the adapted layers (empty without LoRA), for streams that merge them
         self.lora_scalings = lora_scalings(model)
         if config.gradient_checkpointing and role != "ref":

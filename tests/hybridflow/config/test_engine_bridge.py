@@ -67,6 +67,10 @@ def test_weight_sync_bucket_policy_loss_and_lora_reach_the_actor_worker():
     # LoRA: the actor's adapters; the reference is the base model
     assert (settings.actor.lora_rank, settings.actor.lora_alpha, settings.actor.target_modules) == (8, 16.0, ["q_proj"])
     assert settings.ref.lora_rank == 0 and settings.actor.validate() and settings.ref.validate()
+    # the critic's own keys (verl's critic.model.lora_*)
+    cfg.critic.model.lora_rank, cfg.critic.model.lora_alpha = 4, 8.0
+    critic = critic_engine_kwargs(cfg, derive(cfg, dataset_len=64))
+    assert (critic["lora_rank"], critic["lora_alpha"], critic["target_modules"]) == (4, 8.0, ["all-linear"])
 
 
 def test_forward_only_micro_batch_sizes_reach_each_engine():

@@ -166,6 +166,9 @@ def test_sft_recipe_loads_and_rejects_unknown_keys():
     validate_sft(cfg, check_paths=False)
     with pytest.raises(ConfigError, match=r"unknown config key 'data.response_keys' \(did you mean 'data.response_key'\?\)"):
         compose_config("sft", ["data.response_keys=answer"], schema=SFTConfig)
+    lora = load_sft_config(compose_config("sft", ["model.lora_rank=8", "model.strategy=megatron"], schema=SFTConfig))
+    with pytest.raises(ConfigError, match=r"model.lora_rank=8: LoRA adapters are implemented for model.strategy=fsdp"):
+        validate_sft(lora, check_paths=False)
 
 
 def test_sft_batch_must_tile_micro_batches_over_workers():

@@ -1,7 +1,7 @@
 import random
 import socket
 
-from hybridflow.controller.ports import free_rendezvous_port
+from hybridflow.controller.ports import RAY_WORKER_PORTS_END, free_rendezvous_port
 
 
 def _ephemeral_low() -> int:
@@ -9,12 +9,13 @@ def _ephemeral_low() -> int:
         return int(f.read().split()[0])
 
 
-def test_port_is_bindable_and_below_the_ephemeral_range():
+def test_port_is_bindable_between_rays_worker_ports_and_the_ephemeral_range():
     """An outgoing connection never gets a port below the ephemeral range, so the store's later
-    bind cannot lose it to one (the EADDRINUSE race of bind-to-0-and-release)."""
+    bind cannot lose it to one (the EADDRINUSE race of bind-to-0-and-release); Ray's worker
+    ports (up to 19999) are Ray's."""
     for _ in range(20):
         port = free_rendezvous_port("127.0.0.1")
-        assert port < _ephemeral_low()
+        assert RAY_WORKER_PORTS_END < port < _ephemeral_low()
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
 

@@ -1,9 +1,10 @@
 """LoRA adapters (workers/engines/lora.py): a fresh adapter changes nothing, merged weights give
 the adapted model's logits, and the FSDP engine's LoRA step on 2 ranks (sharded and replicated)
-equals a single-process step of the same adapted model."""
+equals a single-process step of the same adapted model; a LoRA critic trains its adapters and its
+value head."""
 from __future__ import annotations
 
-
+import dataclasses
 import os
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from hybridflow.tiny import make_tiny_checkpoint
 from tests.distributed import run_distributed
-from tests.workers.engines.fsdp_helpers import hf_response_log_probs, make_rl_batch, policy_gradient_loss
+from tests.workers.engines.fsdp_helpers import hf_response_log_probs, make_rl_batch, policy_gradient_loss, value_loss
 
 WORLD, ROWS, P, R, VOCAB = 2, 8, 8, 8, 128
 TEMP, LR, CLIP, ADAM_EPS, RANK, ALPHA = 0.7, 1e-2, 1.0, 1e-5, 4, 8.0
@@ -102,12 +103,37 @@ def _engine_scenario(rank, world, ckpt, workdir):
         # resume: adapters and their optimizer state come back, the next step is the same
         path = os.path.join(workdir, f"ckpt_{fsdp_size}")
         engine.save_checkpoint(path)
+        if rank == 0:  # what hybridflow.export reads besides the shards
+            from hybridflow.trainer.checkpoint import save_engine_meta
+
+            save_engine_meta(engine, path, world)
         second = engine.train_batch(mine, policy_gradient_loss)
         resumed = FSDPEngine(config, ckpt, "actor")
         resumed.load_checkpoint(path)
         out[fsdp_size]["resumed"] = (second["pg_loss"], resumed.train_batch(mine, policy_gradient_loss)["pg_loss"],
                                      _equal_exports(engine, resumed))
         del engine, resumed
+    out["critic"] = _critic_lora(mine, ckpt)
+    return out
+
+
+def _critic_lora(mine, ckpt):
+    """A LoRA critic: fresh adapters give the plain critic's values; the adapters and the new
+    value head (in full) are what trains; the export is a plain token-classification model."""
+    from workers.engines.config import EngineConfig
+    from workers.engines.fsdp import FSDPEngine
+
+    config = EngineConfig(lr=LR, adam_eps=ADAM_EPS, grad_clip=CLIP, weight_decay=0.0, micro_batch_size_per_gpu=2,
+                          lora_rank=RANK, lora_alpha=ALPHA, seed=0)
+    plain = FSDPEngine(dataclasses.replace(config, lora_rank=0), ckpt, "critic").compute_values(mine)
+    engine = FSDPEngine(config, ckpt, "critic")
+    before = {name: t.clone() for name, t in engine.export_hf_weights()}
+    out = {"plain": plain, "fresh": engine.compute_values(mine),
+           "trained": sorted(n for n, p in engine.model.named_parameters() if p.requires_grad),
+           "losses": [engine.train_batch(mine, value_loss)["vf_loss"] for _ in range(3)]}
+    after = dict(engine.export_hf_weights())
+    out["exported"] = sorted(after)
+    out["moved"] = sorted(n for n in after if not torch.equal(after[n], before[n]))
     return out
 
 
@@ -147,11 +173,28 @@ def test_engine_lora_step_matches_a_single_process_step(ckpt, tmp_path):
         assert got.keys() == expected.keys()
         for name, tensor in expected.items():
             torch.testing.assert_close(got[name], tensor, rtol=0, atol=2e-6, msg=name)
+        # the offline export of the saved step (adapters merged) is the engine's own export
+        from hybridflow.export import export
+        from safetensors.torch import load_file
+
+        exported = load_file(os.path.join(export(str(tmp_path / f"ckpt_{fsdp_size}"), str(tmp_path / f"hf_{fsdp_size}")),
+                                          "model.safetensors"))
+        assert exported.keys() == got.keys()
+        for name, tensor in got.items():
+            torch.testing.assert_close(exported[name], tensor, rtol=0, atol=0, msg=name)
         for r in per_rank:
             reference_loss, resumed_loss, same_weights = r["resumed"]
             assert resumed_loss == reference_loss and same_weights
         new_log_probs = torch.cat([r["log_probs"] for r in per_rank])
         torch.testing.assert_close(new_log_probs[mask], after[mask], rtol=0, atol=2e-5)
+    for r in results:
+        critic = r["critic"]
+        torch.testing.assert_close(critic["fresh"], critic["plain"], rtol=0, atol=0)
+        assert critic["trained"] == sorted(["score.weight", "score.bias"]
+                                           + [f"{n}.{leaf}" for n in names for leaf in ("lora_A", "lora_B")])
+        assert critic["losses"][0] > critic["losses"][1] > critic["losses"][2]
+        assert not any("lora_" in n for n in critic["exported"]) and "score.weight" in critic["exported"]
+        assert critic["moved"] == sorted(["score.weight", "score.bias"] + [f"{n}.weight" for n in names])
     changed = [n for n in names if not torch.equal(expected[f"{n}.weight"],
                                                    dict(_adapted(ckpt)[0].named_parameters())[f"{n}.weight"])]
     assert changed == names  # every adapted weight moved through its adapter
