@@ -12,7 +12,7 @@ import traceback
 
 import torch.multiprocessing as mp
 
-from hybridflow.controller.ports import free_rendezvous_port
+from hybridflow.ports import free_rendezvous_port
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hybridflow import device
 from hybridflow.controller.dispatch import Dispatch, Execute, register
-from hybridflow.controller.ports import free_rendezvous_port
+from hybridflow.ports import free_rendezvous_port
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from hybridflow import device as hf_device  # noqa: E402  (sets oneDNN's ISA cap before any math)
-from hybridflow.controller.ports import free_rendezvous_port  # noqa: E402
+from hybridflow.ports import free_rendezvous_port  # noqa: E402
 
 GOAL_MAX_OVERHEAD = 0.10
 GOAL_METRIC = "vs_plain_1thread_half_pair"

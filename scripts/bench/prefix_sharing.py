@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hybridflow.controller.ports import free_rendezvous_port  # noqa: E402
+from hybridflow.ports import free_rendezvous_port  # noqa: E402
 
 
 def grouped_batch(prompts: int, samples: int, prompt_len: int, resp_len: int, vocab: int, seed: int):

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from hybridflow.controller.ports import free_rendezvous_port  # noqa: E402
+from hybridflow.ports import free_rendezvous_port  # noqa: E402
 from resharding.layout import GenLayout, TrainLayout  # noqa: E402
 from resharding.plan import plan_from_param_specs  # noqa: E402
 from resharding.transfer import Resharder, drain  # noqa: E402

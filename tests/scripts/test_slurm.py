@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hybridflow.controller.ports import free_rendezvous_port
+from hybridflow.ports import free_rendezvous_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm" / "ray_on_slurm.sh"

@@ -1,4 +1,5 @@
-"""Rendezvous ports for torch.distributed worlds."""
+"""Rendezvous ports for torch.distributed worlds. Imports nothing heavy: worker groups run
+:func:`node_ip_and_free_port` as a Ray task, whose worker process imports this module."""
 from __future__ import annotations
 
 import random
@@ -37,3 +38,10 @@ def free_rendezvous_port(host: str = "") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def node_ip_and_free_port() -> tuple[str, int]:
+    """(this node's IP, a free rendezvous port): run on the node of a group's rank 0."""
+    import ray
+
+    return ray.util.get_node_ip_address(), free_rendezvous_port()

@@ -1,7 +1,7 @@
 import random
 import socket
 
-from hybridflow.controller.ports import RAY_WORKER_PORTS_END, free_rendezvous_port
+from hybridflow.ports import RAY_WORKER_PORTS_END, free_rendezvous_port
 
 
 def _ephemeral_low() -> int:
