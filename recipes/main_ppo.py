@@ -123,46 +123,56 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
         ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
                  (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": worker_env(cfg, cfg.actor_rollout_ref.model.path)})
-    previous_sigterm = stop_on_sigterm()
-    main_roles, side_roles = role_specs(cfg, derived)
-    groups, pools = build_worker_groups(cfg, main_roles, side_roles, use_gpu)
-    for role in ("actor_rollout_ref", "ref", "critic", "reward_model"):
-        if role in groups:
-            groups[role].init_model()
+    trace = cfg.ray_kwargs.timeline_json_file
+    try:  # the trace is written whatever happens after Ray starts, start-up failures included
+        previous_sigterm = stop_on_sigterm()
+        main_roles, side_roles = role_specs(cfg, derived)
+        groups, pools = build_worker_groups(cfg, main_roles, side_roles, use_gpu)
+        for role in ("actor_rollout_ref", "ref", "critic", "reward_model"):
+            if role in groups:
+                groups[role].init_model()
 
-    os.makedirs(t.default_local_dir, exist_ok=True)
-    from omegaconf import OmegaConf  # noqa: F401  (flatten_config handles dataclasses via asdict)
-    import dataclasses
+        os.makedirs(t.default_local_dir, exist_ok=True)
+        from omegaconf import OmegaConf  # noqa: F401  (flatten_config handles dataclasses via asdict)
+        import dataclasses
 
-    tracker = Tracker(with_jsonl(t.logger), t.project_name, t.experiment_name, t.default_local_dir,
-                      flatten_config(dataclasses.asdict(cfg)))
-    trainer = PPOTrainer(cfg, groups, tokenizer, train_loader, val_loader, reward, tracker,
-                         progress=sys.stderr.isatty() or bool(os.environ.get("HYBRIDFLOW_PROGRESS")))
-    try:
-        history = trainer.fit()
-        hf_dir = None if t.val_only else os.path.join(t.default_local_dir, "hf")
-        if hf_dir:
-            groups["actor_rollout_ref"].save_hf(hf_dir)
-        plot = plot_metrics(os.path.join(t.default_local_dir, METRICS_FILE),
-                            os.path.join(t.default_local_dir, "reward_curve.png"))
+        tracker = Tracker(with_jsonl(t.logger), t.project_name, t.experiment_name, t.default_local_dir,
+                          flatten_config(dataclasses.asdict(cfg)))
+        trainer = PPOTrainer(cfg, groups, tokenizer, train_loader, val_loader, reward, tracker,
+                             progress=sys.stderr.isatty() or bool(os.environ.get("HYBRIDFLOW_PROGRESS")))
+        try:
+            history = trainer.fit()
+            hf_dir = None if t.val_only else os.path.join(t.default_local_dir, "hf")
+            if hf_dir:
+                groups["actor_rollout_ref"].save_hf(hf_dir)
+            plot = plot_metrics(os.path.join(t.default_local_dir, METRICS_FILE),
+                                os.path.join(t.default_local_dir, "reward_curve.png"))
+        finally:
+            tracker.finish()
+            trace = write_ray_timeline(trace)  # before the actors go: their last events go with them
+            for group in {id(g._actors[0]): g for g in groups.values()}.values():
+                group.shutdown()
+            for pool in pools:
+                pool.release()
+            restore_sigterm(previous_sigterm)
+        return {"history": history, "hf_dir": hf_dir, "plot": plot, "steps": trainer.global_step}
     finally:
-        tracker.finish()
-        write_ray_timeline(cfg.ray_kwargs.timeline_json_file)
-        for group in {id(g._actors[0]): g for g in groups.values()}.values():
-            group.shutdown()
-        for pool in pools:
-            pool.release()
-        restore_sigterm(previous_sigterm)
-    return {"history": history, "hf_dir": hf_dir, "plot": plot, "steps": trainer.global_step}
+        write_ray_timeline(trace)
 
 
 def write_ray_timeline(path: str | None) -> None:
     """verl's ``ray_kwargs.timeline_json_file``: Ray's Chrome trace of the run's tasks and actor
-    calls. Written also when the run fails (that is when one wants it); never fails the run."""
+    calls. Written also when the run fails (that is when one wants it); never fails the run.
+    Returns None, so ``trace = write_ray_timeline(trace)`` writes it once."""
     if not path:
-        return
+        return None
+    import time
+
     import ray
 
+    # workers report task events once a second (RAY_task_events_report_interval_ms): without the
+    # wait the last step's calls were missing from the trace
+    time.sleep(1.5)
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         ray.timeline(filename=path)

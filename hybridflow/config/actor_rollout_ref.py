@@ -132,6 +132,10 @@ class RolloutConfig:
     do_sample: bool = True  # false: greedy training rollouts (temperature 0; then n must be 1)
     ignore_eos: bool = False  # true: every response runs to data.max_response_length
     max_model_len: int | None = None  # vLLM's context length; None: max_prompt_length + max_response_length
+    # verl's copies of data.max_prompt_length / max_response_length (its YAML interpolates them);
+    # set, they must agree: the data keys are the ones read
+    prompt_length: int | None = None
+    response_length: int | None = None
     enable_prefix_caching: bool = True  # vLLM reuses cached KV blocks of shared prompt prefixes
     disable_log_stats: bool = True  # vLLM's periodic throughput log lines
     load_format: str = "auto"  # auto: vLLM reads the checkpoint | dummy: random init, the first sync fills it

@@ -28,7 +28,7 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = 0.0
     lr_scheduler: str = "constant"  # constant | cosine
     # verl's names for lr_scheduler: lr_scheduler_type (current) and warmup_style (older PPO
-    # configs); a set one wins, lr_scheduler_type first
+    # configs); a set one wins, warmup_style first, as in verl (where it overwrites the other)
     lr_scheduler_type: str | None = None
     warmup_style: str | None = None
     min_lr_ratio: float = 0.0
@@ -41,7 +41,7 @@ class OptimConfig:
     @property
     def schedule_key(self) -> str:
         """The key the schedule was read from, for error messages."""
-        return next(k for k in ("lr_scheduler_type", "warmup_style", "lr_scheduler") if getattr(self, k))
+        return next((k for k in ("warmup_style", "lr_scheduler_type") if getattr(self, k)), "lr_scheduler")
 
 
 @dataclass

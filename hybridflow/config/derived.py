@@ -53,10 +53,9 @@ def critic_override_config(cfg: RootConfig) -> dict:
 
 
 def critic_external_lib(cfg: RootConfig) -> str | None:
-    """``critic.model.external_lib``, or the actor's when the critic starts from the actor's model
-    (a module that registers that model's architecture is needed to build it there too)."""
-    own = cfg.critic.model.external_lib
-    return own or (cfg.actor_rollout_ref.model.external_lib if critic_shares_actor_model(cfg) else None)
+    """``critic.model.external_lib``, or else the actor's, as in verl (a critic of its own
+    checkpoint is usually of the actor's architecture, which the module registers)."""
+    return cfg.critic.model.external_lib or cfg.actor_rollout_ref.model.external_lib
 
 
 def model_parallel(strategy: str, megatron) -> tuple[int, int]:

@@ -148,7 +148,7 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
         messages = []
         for override in overrides:
             key = _override_key(override)
-            if key is None or key in valid:
+            if key is None or key in valid or is_inert(key):
                 continue
             mapping = next((m for m in mappings if key.startswith(m + ".")), None)
             if mapping is None:

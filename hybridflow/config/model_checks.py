@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from hybridflow.config.derived import critic_shares_actor_model, model_parallel, needs_critic
+from hybridflow.config.derived import critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic
 from hybridflow.config.root import RootConfig
 from hybridflow.model_overrides import external_lib_error, override_errors
 
@@ -31,7 +31,7 @@ def external_lib_errors(cfg: RootConfig) -> list[str]:
     """Imports each model's external_lib here, in the driver (the workers import it again)."""
     libs = [(f"{ARR}.model.external_lib", cfg.actor_rollout_ref.model.external_lib)]
     if needs_critic(cfg):
-        libs.append(("critic.model.external_lib", cfg.critic.model.external_lib))
+        libs.append(("critic.model.external_lib", critic_external_lib(cfg)))
     return [e for e in (external_lib_error(key, name) for key, name in libs) if e]
 
 
@@ -74,10 +74,13 @@ def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
     if max_pos is not None and total > max_pos:
         errors.append(f"data.max_prompt_length + data.max_response_length = {total} exceeds the "
-                      f"model's max_position_embeddings={max_pos}: shorten them")
+                      f"model's max_position_embeddings={max_pos}: shorten them, or raise it with "
+                      f"{ARR}.model.override_config.max_position_embeddings (with rope_scaling for a "
+                      "model trained shorter)")
     mml = arr.rollout.max_model_len
     if max_pos is not None and mml is not None and mml > max_pos:
         # vLLM refuses this too, but only inside the workers, after every model has loaded
         errors.append(f"{ARR}.rollout.max_model_len={mml} exceeds the model's "
-                      f"max_position_embeddings={max_pos}: lower it or leave it unset")
+                      f"max_position_embeddings={max_pos}: lower it, leave it unset, or raise "
+                      f"{ARR}.model.override_config.max_position_embeddings")
     return errors

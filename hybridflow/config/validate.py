@@ -363,6 +363,9 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
     if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
         logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
                        "its values are not used", cfg.algorithm.adv_estimator)
+    if cfg.reward_model.launch_reward_fn_async and (cfg.reward_model.enable or cfg.algorithm.filter_groups.enable):
+        logger.warning("reward_model.launch_reward_fn_async=true is ignored: a reward model, or "
+                       "algorithm.filter_groups, needs the scores before the next stage")
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
     if a.policy_loss.loss_mode == "gspo" and (a.loss_agg_mode != "seq-mean-token-mean" or max(low, high) > 0.01):

@@ -23,12 +23,12 @@ _ULYSSES = ((1,), "Ulysses sequence parallelism is not implemented (long sequenc
                   "use_dynamic_bsz, or strategy=megatron with tensor parallelism)")
 
 
-def _fsdp(section: str) -> dict[str, tuple[tuple | None, str]]:
+def _fsdp(section: str, dtype_key: str) -> dict[str, tuple[tuple | None, str]]:
     return {
         f"{section}.offload_policy": ((False,), "FSDP2's CPUOffloadPolicy is not used; param_offload and "
                                                 "optimizer_offload move state between engine calls"),
         f"{section}.model_dtype": (("fp32", "float32"), "the FSDP model holds fp32 master weights; for bf16 "
-                                                        "compute set param_dtype=bf16 on the role"),
+                                                        f"compute set {dtype_key}=bf16"),
         f"{section}.wrap_policy.min_num_params": ((0,), "FSDP2 shards each decoder layer as a unit"),
     }
 
@@ -68,8 +68,13 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "data.custom_cls.name": ((None,), "see data.custom_cls.path"),
     **_model(f"{ARR}.model"), **_model("critic.model"),
     f"{ARR}.actor.entropy_from_logits_with_chunking": (ANY, "memory only"),
+    f"{ARR}.actor.optim.total_training_steps": (ANY, "the trainer sets the schedule's length from the run, as "
+                                                     "verl does"),
+    "critic.optim.total_training_steps": (ANY, "the trainer sets the schedule's length from the run, as verl does"),
     f"{ARR}.actor.entropy_checkpointing": (ANY, "memory only"),
-    **_fsdp(f"{ARR}.actor.fsdp_config"), **_fsdp(f"{ARR}.ref.fsdp_config"), **_fsdp("critic.model.fsdp_config"),
+    **_fsdp(f"{ARR}.actor.fsdp_config", f"{ARR}.actor.param_dtype"),
+    **_fsdp(f"{ARR}.ref.fsdp_config", f"{ARR}.actor.param_dtype (the reference computes as the actor)"),
+    **_fsdp("critic.model.fsdp_config", "critic.param_dtype"),
     **_megatron(f"{ARR}.actor.megatron"), **_megatron(f"{ARR}.ref.megatron"), **_megatron("critic.megatron"),
     f"{ARR}.ref.ulysses_sequence_parallel_size": _ULYSSES,
     "critic.ulysses_sequence_parallel_size": _ULYSSES,

@@ -49,6 +49,11 @@ def rollout_errors(cfg: RootConfig) -> list[str]:
     r, errors = cfg.actor_rollout_ref.rollout, []
     key = f"{ARR}.rollout"
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    for name, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
+        value, wanted = getattr(r, name), getattr(cfg.data, data_key)
+        if value is not None and value != wanted:
+            errors.append(f"{key}.{name}={value} differs from data.{data_key}={wanted}: hybridflow reads the data "
+                          f"key; set data.{data_key}={value} (and {key}.{name}=null or the same)")
     if not r.do_sample and r.n > 1:
         errors.append(f"{key}.n={r.n} with {key}.do_sample=false repeats one greedy response: set "
                       f"{key}.n=1 or {key}.do_sample=true")

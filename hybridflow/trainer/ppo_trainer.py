@@ -9,7 +9,6 @@ batches and computes advantages (cheap, on CPU).
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 import uuid
@@ -29,8 +28,6 @@ from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, through
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
 )
-
-logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -68,11 +65,8 @@ class PPOTrainer:
         # verl's launch_reward_fn_async: the reward function scores on a driver thread while the
         # workers compute old log-probs, reference log-probs and values. Not for a reward model
         # (itself a worker call) nor with dynamic sampling, which needs the scores at once.
-        overlap = cfg.reward_model.launch_reward_fn_async
-        if overlap and (self.rm is not None or algo.filter_groups.enable):
-            logger.warning("reward_model.launch_reward_fn_async: rewards are computed before the next stage "
-                           "(a reward model, or algorithm.filter_groups, needs them there)")
-            overlap = False
+        overlap = (cfg.reward_model.launch_reward_fn_async and self.rm is None  # validate warns otherwise
+                   and not algo.filter_groups.enable)
         self.reward_thread = ThreadPoolExecutor(1, thread_name_prefix="reward") if overlap else None
         tp, pp = model_parallel(actor.strategy, actor.megatron)
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out

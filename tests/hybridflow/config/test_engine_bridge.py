@@ -39,8 +39,10 @@ def test_engine_kwargs_build_valid_engine_configs():
     critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate()
     assert (critic.strategy, critic.tp, critic.lr, critic.warmup_steps) == ("fsdp", 1, 1e-5, 3)
     assert (actor.lr_schedule, critic.lr_schedule) == ("cosine", "cosine")
-    cfg.critic.optim.lr_scheduler_type = "constant"  # verl's current name wins over warmup_style
+    cfg.critic.optim.lr_scheduler_type = "constant"  # verl's older warmup_style still wins, as in verl
     validate(cfg, check_paths=False)
+    assert engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate().lr_schedule == "cosine"
+    cfg.critic.optim.warmup_style = None
     assert engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate().lr_schedule == "constant"
 
 
@@ -144,7 +146,9 @@ def test_rollout_dtype_auto_follows_the_actor_compute_dtype(param_dtype, rollout
     ({}, {"rms_norm_eps": 0.3}, "actor_lib"),  # the critic starts from the actor's model: the actor's keys
     ({"override_config": {"attention_dropout": 0.1}, "external_lib": "critic_lib"}, {"attention_dropout": 0.1},
      "critic_lib"),
-    ({"path": "/other/model"}, {}, None),  # another checkpoint: none of the actor's
+    # another checkpoint: none of the actor's overrides, but its external_lib (as in verl: usually
+    # the same architecture)
+    ({"path": "/other/model"}, {}, "actor_lib"),
 ])
 def test_override_config_and_external_lib_reach_every_model(critic_model, critic_override, critic_lib):
     build = pytest.importorskip("recipes.build")
