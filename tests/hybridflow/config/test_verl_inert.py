@@ -40,3 +40,9 @@ def test_a_value_that_asks_for_a_missing_feature_fails_in_one_line(override, mes
     with pytest.raises(ConfigError) as err:
         load_config(compose_config("grpo", [override, "algorithm.use_pf_ppo=false"]))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_accepted_key_beside_a_typo_is_not_reported():
+    with pytest.raises(ConfigError) as err:
+        compose_config("grpo", ["actor_rollout_ref.rollout.layered_summon=true", "data.bogus_key=1"])
+    assert str(err.value).startswith("unknown config key 'data.bogus_key'") and "layered_summon" not in str(err.value)
