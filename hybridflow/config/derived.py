@@ -38,6 +38,13 @@ def needs_reference(cfg: RootConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+def reward_fn_runs_async(cfg: RootConfig) -> bool:
+    """verl's ``reward_model.launch_reward_fn_async``, where it can apply: not with a reward model
+    (itself a worker call) nor with dynamic sampling, which needs the scores at once."""
+    return (cfg.reward_model.launch_reward_fn_async and not cfg.reward_model.enable
+            and not cfg.algorithm.filter_groups.enable)
+
+
 def critic_shares_actor_model(cfg: RootConfig) -> bool:
     """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model."""
     return cfg.critic.model.path in (None, cfg.actor_rollout_ref.model.path)

@@ -14,6 +14,7 @@ from typing import Any
 from hybridflow.config.derived import (
     LR_SCHEDULERS, PARAM_DTYPES, ROLLOUT_DTYPES, ROLLOUT_NAMES, STRATEGIES, derive,
     estimator_needs_critic, log_prob_token_budget, model_parallel, needs_critic, needs_reference,
+    reward_fn_runs_async,
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import RESUME_MODES
@@ -363,7 +364,7 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
     if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
         logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
                        "its values are not used", cfg.algorithm.adv_estimator)
-    if cfg.reward_model.launch_reward_fn_async and (cfg.reward_model.enable or cfg.algorithm.filter_groups.enable):
+    if cfg.reward_model.launch_reward_fn_async and not reward_fn_runs_async(cfg):
         logger.warning("reward_model.launch_reward_fn_async=true is ignored: a reward model, or "
                        "algorithm.filter_groups, needs the scores before the next stage")
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hybridflow.algorithms import apply_kl_penalty, compute_advantage, get_advantage_estimator, make_kl_controller
-from hybridflow.config.derived import model_parallel
+from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balanced_order
@@ -62,12 +62,10 @@ class PPOTrainer:
                           and actor.ppo_mini_batch_size == cfg.data.train_batch_size and not algo.use_kl_in_reward)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
-        # verl's launch_reward_fn_async: the reward function scores on a driver thread while the
-        # workers compute old log-probs, reference log-probs and values. Not for a reward model
-        # (itself a worker call) nor with dynamic sampling, which needs the scores at once.
-        overlap = (cfg.reward_model.launch_reward_fn_async and self.rm is None  # validate warns otherwise
-                   and not algo.filter_groups.enable)
-        self.reward_thread = ThreadPoolExecutor(1, thread_name_prefix="reward") if overlap else None
+        # the reward function scores on a driver thread while the workers compute old log-probs,
+        # reference log-probs and values (validate warns where the key cannot apply)
+        self.reward_thread = (ThreadPoolExecutor(1, thread_name_prefix="reward")
+                              if reward_fn_runs_async(cfg) else None)
         tp, pp = model_parallel(actor.strategy, actor.megatron)
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
@@ -161,7 +159,8 @@ class PPOTrainer:
     def _rollout(self, batch: DataProto, metrics: dict):
         """Generate ``rollout.n`` responses per prompt and score them: (the batch, one row per
         response; ReMax's baselines or None; dynamic sampling's per-row metric values or None;
-        ``score``'s result for the batch, or its future when the reward thread computes it)."""
+        None, or the future of ``score``'s result when the reward thread computes it, in which case
+        the batch has no ``token_level_scores`` yet)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
