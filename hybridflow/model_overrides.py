@@ -149,4 +149,10 @@ def override_errors(key: str, hf: dict, overrides: Mapping[str, Any]) -> list[st
 
 def overridden_dict(hf: dict, overrides: Mapping[str, Any] | None) -> dict:
     """config.json's dict as the run sees it, for the size checks (shape keys are refused anyway)."""
-    return {**hf, **{k: v for k, v in (overrides or {}).items() if k not in SHAPE_KEYS}}
+    merged = dict(hf)
+    for key, value in (overrides or {}).items():
+        if key in SHAPE_KEYS:
+            continue
+        current = merged.get(key)  # a partial rope_scaling update keeps the other entries, as _set does
+        merged[key] = {**current, **value} if isinstance(current, Mapping) and isinstance(value, Mapping) else value
+    return merged

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.config import actor_engine_kwargs, critic_engine_kwargs, read_model_config, rollout_engine_kwargs
-from hybridflow.config.derived import critic_external_lib, log_prob_token_budget, offload_kwargs
+from hybridflow.config.derived import (
+    critic_external_lib, log_prob_token_budget, offload_kwargs, reward_model_external_lib,
+)
 from hybridflow.controller import RayClassWithInitArgs
 from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
 from workers.critic import CriticSettings, CriticWorker
@@ -63,5 +65,6 @@ def role_specs(cfg, derived) -> tuple[dict, dict]:
         side["reward_model"] = RayClassWithInitArgs(RewardModelWorker, RewardModelSettings(
             model_path=cfg.reward_model.model.path, micro_batch_size_per_gpu=cfg.reward_model.micro_batch_size_per_gpu,
             # the worker refuses a reward model whose vocabulary is not the actor's (ids would not match)
-            actor_vocab_size=(read_model_config(cfg.actor_rollout_ref.model.path) or {}).get("vocab_size")))
+            actor_vocab_size=(read_model_config(cfg.actor_rollout_ref.model.path) or {}).get("vocab_size"),
+            external_lib=reward_model_external_lib(cfg)))
     return main, side

@@ -150,6 +150,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
         finally:
             tracker.finish()
             trace = write_ray_timeline(trace)  # before the actors go: their last events go with them
+            trainer.close()
             for group in {id(g._actors[0]): g for g in groups.values()}.values():
                 group.shutdown()
             for pool in pools:

@@ -13,6 +13,7 @@ import torch
 
 from hybridflow import device
 from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
 
 
@@ -21,6 +22,7 @@ class RewardModelSettings:
     model_path: str
     micro_batch_size_per_gpu: int = 8
     actor_vocab_size: int | None = None
+    external_lib: str | None = None  # imported before the model is built (as the actor worker's)
 
 
 class RewardModelWorker(Worker):
@@ -34,6 +36,7 @@ class RewardModelWorker(Worker):
         from transformers import AutoModelForSequenceClassification
 
         self.init_distributed()
+        import_external_lib(self.s.external_lib)
         self.model = AutoModelForSequenceClassification.from_pretrained(self.s.model_path, torch_dtype=torch.float32)
         if self.model.config.num_labels != 1:
             raise ValueError(f"reward_model.model.path={self.s.model_path}: a reward model needs num_labels=1, "

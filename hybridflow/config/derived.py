@@ -65,6 +65,11 @@ def critic_external_lib(cfg: RootConfig) -> str | None:
     return cfg.critic.model.external_lib or cfg.actor_rollout_ref.model.external_lib
 
 
+def reward_model_external_lib(cfg: RootConfig) -> str | None:
+    """``reward_model.model.external_lib``, or else the actor's, as in verl."""
+    return cfg.reward_model.model.external_lib or cfg.actor_rollout_ref.model.external_lib
+
+
 def model_parallel(strategy: str, megatron) -> tuple[int, int]:
     """(tp, pp) a role trains with; fsdp shards data-parallel only."""
     if strategy == "megatron":

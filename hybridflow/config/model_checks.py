@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-from hybridflow.config.derived import critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic
+from hybridflow.config.derived import (
+    critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic, reward_model_external_lib,
+)
 from hybridflow.config.root import RootConfig
 from hybridflow.model_overrides import external_lib_error, override_errors
 
@@ -32,6 +34,8 @@ def external_lib_errors(cfg: RootConfig) -> list[str]:
     libs = [(f"{ARR}.model.external_lib", cfg.actor_rollout_ref.model.external_lib)]
     if needs_critic(cfg):
         libs.append(("critic.model.external_lib", critic_external_lib(cfg)))
+    if cfg.reward_model.enable:
+        libs.append(("reward_model.model.external_lib", reward_model_external_lib(cfg)))
     return [e for e in (external_lib_error(key, name) for key, name in libs) if e]
 
 
@@ -45,6 +49,27 @@ def override_config_errors(cfg: RootConfig, hf: dict) -> list[str]:
         if critic_hf is not None:  # else path_errors names the missing checkpoint
             errors += override_errors("critic.model.override_config", critic_hf, critic.override_config)
     return errors
+
+
+# rope types whose max_position_embeddings already is the extended length (vLLM's rule)
+EXTENDED_LENGTH_ROPE_TYPES = ("su", "longrope", "llama3")
+
+
+def max_positions(hf: dict) -> tuple[int | None, str]:
+    """The longest sequence the model takes, and where that figure comes from: its
+    max_position_embeddings, times the factor of a rope scaling that extends it (yarn's from
+    original_max_position_embeddings), as vLLM derives its max_model_len."""
+    max_pos = hf.get("max_position_embeddings")
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters")
+    where = f"max_position_embeddings={max_pos}"
+    if max_pos is None or not isinstance(rope, dict):
+        return max_pos, where
+    kind = rope.get("rope_type", rope.get("type"))
+    factor = rope.get("factor")
+    if kind in (None, "default") or kind in EXTENDED_LENGTH_ROPE_TYPES or not factor:
+        return max_pos, where
+    base = rope.get("original_max_position_embeddings") or max_pos if kind == "yarn" else max_pos
+    return int(base * factor), f"{base} positions x rope_scaling factor {factor} ({kind})"
 
 
 def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
@@ -70,17 +95,16 @@ def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     if kv and kv % rtp and rtp % kv:
         errors.append(f"{rkey}={rtp} and the model's num_key_value_heads={kv} must divide one "
                       "another (vLLM replicates or splits kv heads): change the rollout tp")
-    max_pos = hf.get("max_position_embeddings")
+    max_pos, where = max_positions(hf)
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
     if max_pos is not None and total > max_pos:
         errors.append(f"data.max_prompt_length + data.max_response_length = {total} exceeds the "
-                      f"model's max_position_embeddings={max_pos}: shorten them, or raise it with "
-                      f"{ARR}.model.override_config.max_position_embeddings (with rope_scaling for a "
-                      "model trained shorter)")
+                      f"model's {max_pos} positions ({where}): shorten them, or extend the model with "
+                      f"{ARR}.model.override_config.rope_scaling (yarn, say) or .max_position_embeddings")
     mml = arr.rollout.max_model_len
     if max_pos is not None and mml is not None and mml > max_pos:
         # vLLM refuses this too, but only inside the workers, after every model has loaded
-        errors.append(f"{ARR}.rollout.max_model_len={mml} exceeds the model's "
-                      f"max_position_embeddings={max_pos}: lower it, leave it unset, or raise "
-                      f"{ARR}.model.override_config.max_position_embeddings")
+        errors.append(f"{ARR}.rollout.max_model_len={mml} exceeds the model's {max_pos} positions ({where}): "
+                      f"lower it, leave it unset, or extend the model with "
+                      f"{ARR}.model.override_config.rope_scaling or .max_position_embeddings")
     return errors

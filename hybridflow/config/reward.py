@@ -11,6 +11,7 @@ from hybridflow.config.common import path_field
 class RewardModelModelConfig:
     path: str | None = path_field(None)  # an HF *ForSequenceClassification checkpoint
     tokenizer_path: str | None = path_field(None)
+    external_lib: str | None = None  # null: the actor's (verl's default), imported before the model loads
 
 
 @dataclass
@@ -36,8 +37,8 @@ class RewardModelConfig:
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size_per_gpu: int = 8
     micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    # score with custom_reward_function on a driver thread while the workers compute log-probs
-    # and values (not with a reward model, or with algorithm.filter_groups: scored at once)
+    # score with custom_reward_function in a Ray process of its own while the workers compute
+    # log-probs and values (not with a reward model, or with algorithm.filter_groups: scored at once)
     launch_reward_fn_async: bool = False
 
 

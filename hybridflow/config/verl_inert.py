@@ -58,6 +58,29 @@ def _model(section: str) -> dict[str, tuple[tuple | None, str]]:
     }
 
 
+def _reward_model() -> dict[str, tuple[tuple | None, str]]:
+    """verl's reward-model worker is an FSDP module; here each worker holds the whole HF
+    sequence classifier and scores its share of the batch, reading the actor's token ids."""
+    replicated = "the reward model is replicated on each worker (no FSDP sharding or offload)"
+    return {
+        "reward_model.strategy": (ANY, replicated),
+        "reward_model.model.fsdp_config.param_offload": (ANY, replicated),
+        "reward_model.model.fsdp_config.fsdp_size": (ANY, replicated),
+        "reward_model.model.fsdp_config.reshard_after_forward": (ANY, replicated),
+        "reward_model.model.fsdp_config.forward_prefetch": (ANY, replicated),
+        "reward_model.model.fsdp_config.wrap_policy.min_num_params": (ANY, replicated),
+        "reward_model.model.use_remove_padding": (ANY, "speed only"),
+        "reward_model.model.use_fused_kernels": (ANY, "speed only"),
+        "reward_model.use_dynamic_bsz": (ANY, "speed only: micro_batch_size_per_gpu sets the micro-batches"),
+        "reward_model.forward_max_token_len_per_gpu": (ANY, "see reward_model.use_dynamic_bsz"),
+        "reward_model.model.input_tokenizer": (ANY, "the reward model scores the actor's token ids and must "
+                                                    "share its vocabulary (checked when it loads)"),
+        "reward_model.model.trust_remote_code": ((False,), "remote model code is never run"),
+        "reward_model.max_length": ((None,), "sequences are scored whole, never truncated"),
+        "reward_model.ulysses_sequence_parallel_size": _ULYSSES,
+    }
+
+
 # dotted key -> (accepted values or ANY, what it is / why it has no effect)
 INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "algorithm.use_pf_ppo": ((False,), "PF-PPO's reward-weighted resampling is not implemented"),
@@ -83,6 +106,7 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     f"{ARR}.rollout.multi_turn.enable": ((False,), "multi-turn and tool-calling rollouts are not implemented"),
     f"{ARR}.rollout.agent.num_workers": (ANY, "there is no agent loop (rollout.mode=sync)"),
     f"{ARR}.rollout.trace.backend": ((None,), "rollout tracing is not implemented"),
+    **_reward_model(),
     "reward_model.sandbox_fusion.url": ((None,), "sandboxed code execution rewards are not implemented; "
                                                  "use custom_reward_function"),
     "trainer.esi_redundant_time": (ANY, "no elastic server instance expiry to plan for"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -25,6 +24,7 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
+from hybridflow.trainer.reward_process import RewardProcess, score_batch
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
 )
@@ -62,10 +62,10 @@ class PPOTrainer:
                           and actor.ppo_mini_batch_size == cfg.data.train_batch_size and not algo.use_kl_in_reward)
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
-        # the reward function scores on a driver thread while the workers compute old log-probs,
+        # the reward function scores in its own process while the workers compute old log-probs,
         # reference log-probs and values (validate warns where the key cannot apply)
-        self.reward_thread = (ThreadPoolExecutor(1, thread_name_prefix="reward")
-                              if reward_fn_runs_async(cfg) else None)
+        self.reward_process = (RewardProcess(tokenizer, reward_manager) if reward_fn_runs_async(cfg)
+                               else None)
         tp, pp = model_parallel(actor.strategy, actor.megatron)
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
@@ -134,7 +134,7 @@ class PPOTrainer:
             if self.critic is not None:
                 with timer("values", metrics):
                     batch.union(self.critic.compute_values(batch))
-            if pending is not None:  # scored on the reward thread meanwhile
+            if pending is not None:  # scored in the reward process meanwhile
                 with timer("reward", metrics):  # only what the overlap did not hide
                     self._apply_scores(batch, pending.result(), metrics, order)
                 carried = take_carried(batch) if dump else None
@@ -159,8 +159,8 @@ class PPOTrainer:
     def _rollout(self, batch: DataProto, metrics: dict):
         """Generate ``rollout.n`` responses per prompt and score them: (the batch, one row per
         response; ReMax's baselines or None; dynamic sampling's per-row metric values or None;
-        None, or the future of ``score``'s result when the reward thread computes it, in which case
-        the batch has no ``token_level_scores`` yet)."""
+        None, or the pending result of ``score_batch`` when the reward process computes it, in
+        which case the batch has no ``token_level_scores`` yet)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -180,9 +180,8 @@ class PPOTrainer:
         batch = batch.repeat(n, interleave=True)
         batch.pop(["input_ids", "attention_mask", "position_ids"])
         batch.union(gen_out)
-        if self.reward_thread is not None:  # a snapshot: the step goes on changing the batch's columns
-            return batch, baselines, None, self.reward_thread.submit(self.score, batch.select(["responses",
-                                                                                               "response_mask"]))
+        if self.reward_process is not None:  # a snapshot: the step goes on changing the batch's columns
+            return batch, baselines, None, self.reward_process.submit(batch.select(["responses", "response_mask"]))
         with timer("reward", metrics):
             scoring = self.score(batch)
             self._apply_scores(batch, scoring, metrics)
@@ -233,13 +232,11 @@ class PPOTrainer:
             rm = self.rm.compute_rm_score(batch).batch["rm_scores"]
             scores = rm.sum(-1).tolist()
             return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}, {}, None
-        responses, mask = batch.batch["responses"], batch.batch["response_mask"]
-        lengths = mask.sum(-1).tolist()
-        texts = [self.tokenizer.decode(r[:l].tolist(), skip_special_tokens=True) for r, l in zip(responses, lengths)]
-        nt = batch.non_tensor_batch
-        result = self.reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]),
-                                     list(nt["ground_truth"]), list(nt.get("extra_info", [None] * len(texts))))
-        return result.token_level_scores, result.scores, result.metrics, result.extra, texts
+        return score_batch(self.tokenizer, self.reward_manager, batch)
+
+    def close(self) -> None:
+        if self.reward_process is not None:
+            self.reward_process.shutdown()
 
     def compute_advantages(self, batch: DataProto, baselines, metrics: dict) -> None:
         algo, b = self.cfg.algorithm, batch.batch

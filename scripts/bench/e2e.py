@@ -14,6 +14,7 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --micro-batch 8 --dynamic-bsz-too 1536  # token-budget micro-batches
     .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
     .venv/bin/python scripts/bench/e2e.py --shm-too ...            # also with HYBRIDFLOW_SHM_COLLECTIVES=1
+    .venv/bin/python scripts/bench/e2e.py --reward-ms 20 --async-reward-too  # a slow grader, inline vs async
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, and ``ratio_to_trl`` is our median step time
@@ -64,8 +65,36 @@ def build_assets(work_dir: str, sizes: list[str]) -> dict[str, str]:
     return paths
 
 
+# A grader that takes ``ms`` per response (a service call when asleep, local work when busy),
+# then scores as the built-in arithmetic scorer does.
+SLOW_REWARD = '''import time
+
+from hybridflow.rewards.registry import default_compute_score
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, ms=0.0, busy=False):
+    end = time.perf_counter() + ms / 1000
+    if busy:
+        while time.perf_counter() < end:
+            pass
+    else:
+        time.sleep(ms / 1000)
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+'''
+
+
+def reward_overrides(args) -> list[str]:
+    if not args.reward_ms:
+        return []
+    path = os.path.join(args.work_dir, "slow_reward.py")
+    with open(path, "w") as f:
+        f.write(SLOW_REWARD)
+    return [f"custom_reward_function.path={path}", f"+custom_reward_function.reward_kwargs.ms={args.reward_ms}",
+            f"+custom_reward_function.reward_kwargs.busy={str(args.reward_busy).lower()}"]
+
+
 def recipe_overrides(args, model_path: str, data_dir: str, run_dir: str, use_kl: bool) -> list[str]:
-    return [
+    return [*reward_overrides(args),
         f"data.train_files=[{data_dir}/train.parquet]", f"data.val_files=[{data_dir}/val.parquet]",
         f"actor_rollout_ref.model.path={model_path}", f"trainer.default_local_dir={run_dir}",
         "data.max_prompt_length=16", f"data.max_response_length={args.response_length}",
@@ -189,6 +218,11 @@ def parse_args(argv):
     p.add_argument("--no-balance-too", action="store_true",
                    help="also run with trainer.balance_batch=false (rows dealt to the ranks in generation "
                         "order), otherwise as the main run")
+    p.add_argument("--reward-ms", type=float, default=0.0,
+                   help="score with a grader that takes this many ms per response (then the arithmetic scorer)")
+    p.add_argument("--reward-busy", action="store_true", help="--reward-ms spent computing, not asleep")
+    p.add_argument("--async-reward-too", action="store_true",
+                   help="also run with reward_model.launch_reward_fn_async=true, otherwise as the main run")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -216,6 +250,7 @@ def main(argv=None) -> int:
     report = {"setting": {"prompts": args.prompts, "samples": args.samples, "response_length": args.response_length,
                           "steps": args.steps, "warmup_steps_excluded": args.warmup, "workers": args.workers,
                           "rollout": args.rollout, "mini_batch_prompts": args.mini_batch or args.prompts,
+                          "reward_ms": args.reward_ms, "reward_busy": args.reward_busy,
                           "overrides": args.overrides, "cpus": os.cpu_count(), "load_avg_1m_at_start": load},
               "results": {}}
     for size in args.sizes:
@@ -236,6 +271,9 @@ def main(argv=None) -> int:
             if args.no_balance_too:  # the "hybridflow" run again, rows in generation order
                 entry["hybridflow_no_balance"] = run_ours(args, paths, size, mode, ("trainer.balance_batch=false",),
                                                           "-nobalance")
+            if args.async_reward_too:  # the "hybridflow" run again, scored in the reward process
+                entry["hybridflow_async_reward"] = run_ours(args, paths, size, mode,
+                                                            ("reward_model.launch_reward_fn_async=true",), "-async")
             if args.shm_too:  # the "hybridflow" run again, shared-memory TP all-reduces on
                 entry["hybridflow_shm"] = run_ours(args, paths, size, mode, (), "-shm",
                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "1"})
@@ -249,6 +287,9 @@ def main(argv=None) -> int:
             dynamic = entry.get("hybridflow_dynamic_bsz", {}).get("step_s")
             if ours and dynamic:
                 entry["dynamic_bsz_to_fixed"] = round(dynamic / ours, 3)
+            overlapped = entry.get("hybridflow_async_reward", {}).get("step_s")
+            if ours and overlapped:
+                entry["async_reward_to_inline"] = round(overlapped / ours, 3)
             unbalanced = entry.get("hybridflow_no_balance", {}).get("step_s")
             if ours and unbalanced:
                 entry["balanced_to_unbalanced"] = round(ours / unbalanced, 3)

@@ -353,7 +353,7 @@ def test_reward_function_raising_everywhere_stops_the_run_and_names_the_checkpoi
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", f"custom_reward_function.path={broken}",
         "trainer.val_before_train=false",
-        "reward_model.launch_reward_fn_async=true"])  # raised on the reward thread: the same one line
+        "reward_model.launch_reward_fn_async=true"])  # raised in the reward process: the same one line
     assert result.returncode == 1, result.stderr[-3000:]
     ours = [line for line in result.stderr.splitlines() if line.startswith(("reward function error:", "the run stopped"))]
     assert len(ours) == 2, result.stderr[-3000:]

@@ -42,6 +42,25 @@ def test_actor_rollout_ref_worker_imports_it_before_its_models(lib, built):
     assert built == [("actor", True), ("ref", True)]
 
 
+def test_reward_model_worker_imports_it_before_its_model(lib, monkeypatch):
+    import transformers
+
+    from workers import reward_model
+
+    class Built(Exception):
+        pass
+
+    def from_pretrained(path, **kwargs):
+        raise Built(LIB in sys.modules)
+
+    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(reward_model.Worker, "init_distributed", lambda self: None)
+    settings = reward_model.RewardModelSettings(model_path="unused", external_lib=lib)
+    with pytest.raises(Built) as built:
+        reward_model.RewardModelWorker(settings).init_model()
+    assert built.value.args == (True,)
+
+
 def test_critic_worker_imports_it_before_its_model(lib, built):
     settings = critic.CriticSettings(model_path="unused", engine=EngineConfig(), external_lib=lib)
     critic.CriticWorker(settings).init_model()

@@ -254,8 +254,8 @@ def test_sequence_lengths_must_fit_the_model(run_dir):
     cfg = grpo(data__max_prompt_length=500, data__max_response_length=16)
     assert "data.max_prompt_length + data.max_response_length = 516 exceeds" in error_of(cfg)
     cfg = grpo(actor_rollout_ref__rollout__max_model_len=1024)
-    assert error_of(cfg).startswith("actor_rollout_ref.rollout.max_model_len=1024 exceeds the model's "
-                                    "max_position_embeddings=512")
+    assert error_of(cfg).startswith("actor_rollout_ref.rollout.max_model_len=1024 exceeds the model's 512 "
+                                    "positions (max_position_embeddings=512)")
     validate(grpo(actor_rollout_ref__rollout__max_model_len=512))
 
 
@@ -322,11 +322,27 @@ def test_override_config_values_transformers_refuses(run_dir):
 
 def test_overridden_max_position_embeddings_counts_for_the_length_check(run_dir):
     long = dict(data__max_prompt_length=500, data__max_response_length=16)
-    assert "= 516 exceeds the model's max_position_embeddings=512" in error_of(grpo(**long))
+    assert "= 516 exceeds the model's 512 positions (max_position_embeddings=512)" in error_of(grpo(**long))
     validate(grpo(**long, actor_rollout_ref__model__override_config={"max_position_embeddings": 1024}))
     short = grpo(actor_rollout_ref__model__override_config={"max_position_embeddings": 40})
-    assert "data.max_prompt_length + data.max_response_length = 48 exceeds the model's " \
-           "max_position_embeddings=40" in error_of(short)
+    assert "data.max_prompt_length + data.max_response_length = 48 exceeds the model's 40 positions " \
+           "(max_position_embeddings=40)" in error_of(short)
+
+
+def test_a_rope_scaling_that_extends_the_model_counts_for_the_length_check(run_dir):
+    """vLLM's rule: yarn, linear and dynamic multiply the trained length by their factor; llama3
+    and longrope configs already state the extended length in max_position_embeddings."""
+    long = dict(data__max_prompt_length=1000, data__max_response_length=24,
+                actor_rollout_ref__rollout__max_model_len=2048)
+    yarn = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    validate(grpo(**long, actor_rollout_ref__model__override_config=yarn))
+    assert "exceeds the model's 1024 positions (512 positions x rope_scaling factor 2.0 (linear))" in error_of(
+        grpo(**long, actor_rollout_ref__model__override_config={"rope_scaling": {"rope_type": "linear",
+                                                                                 "factor": 2.0}}))
+    llama3 = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+    assert "exceeds the model's 512 positions (max_position_embeddings=512)" in error_of(
+        grpo(**long, actor_rollout_ref__model__override_config=llama3))
 
 
 def test_critic_override_config_is_checked_against_its_model(run_dir):
@@ -348,6 +364,9 @@ def test_external_lib_that_cannot_be_imported(run_dir):
                           "(ModuleNotFoundError: No module named 'no_such_module_xyz'): install it")
     msg = error_of(grpo(algorithm__adv_estimator="gae", critic__model__external_lib="no_such_module_xyz"))
     assert msg.startswith("critic.model.external_lib='no_such_module_xyz' cannot be imported")
+    msg = error_of(grpo(reward_model__enable=True, reward_model__model__path="data/models/tiny-qwen2-sft",
+                        reward_model__model__external_lib="no_such_module_xyz"))
+    assert msg.startswith("reward_model.model.external_lib='no_such_module_xyz' cannot be imported")
 
 
 CUSTOM_MODEL_LIB = '''

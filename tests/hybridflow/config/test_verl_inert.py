@@ -35,6 +35,8 @@ def test_every_inert_key_is_accepted_at_its_values_and_changes_nothing():
     ("data.custom_cls.path=/data/my_dataset.py", "data.custom_cls.path='/data/my_dataset.py': a custom dataset class"),
     ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn.enable=true: multi-turn and tool-calling"),
     ("critic.model.fsdp_config.model_dtype=bf16", "critic.model.fsdp_config.model_dtype='bf16': the FSDP model holds"),
+    ("reward_model.model.trust_remote_code=true", "reward_model.model.trust_remote_code=true: remote model code is "
+                                                  "never run; set it to false"),
 ])
 def test_a_value_that_asks_for_a_missing_feature_fails_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,87 @@
+"""Scoring a generated batch with the reward function, inline or in a Ray process of its own.
+
+``score_batch`` decodes the responses and calls the reward manager; the trainer calls it inline.
+With verl's ``reward_model.launch_reward_fn_async`` the same call runs in :class:`RewardProcess`,
+a Ray actor, while the workers compute old log-probs, reference log-probs and values. verl
+submits a Ray task per step; an actor that lives for the run differs in that its process (and
+the imports and reward-function state in it) is made once, not per step: on a 2-core machine
+Ray would otherwise start a fresh worker process, importing torch, whenever the last one was
+reaped as idle. Unlike a driver thread, the function runs on its process's main thread, so
+scorers that time out with ``signal.alarm`` (math_verify and others do) work as they do inline,
+and a CPU-bound scorer does not hold the driver's GIL.
+"""
+from __future__ import annotations
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards.loader import RewardFunctionError
+
+
+def score_batch(tokenizer, reward_manager, batch: DataProto) -> tuple:
+    """(token_level_scores [B,R], per-sample scores, metrics, the reward function's extra fields
+    per sample, the decoded responses) for a batch with ``responses``, ``response_mask`` and the
+    dataset's ``data_source``, ``ground_truth`` (and optional ``extra_info``) columns."""
+    responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+    lengths = mask.sum(-1).tolist()
+    texts = [tokenizer.decode(r[:n].tolist(), skip_special_tokens=True) for r, n in zip(responses, lengths)]
+    nt = batch.non_tensor_batch
+    result = reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]), list(nt["ground_truth"]),
+                            list(nt.get("extra_info", [None] * len(texts))))
+    return result.token_level_scores, result.scores, result.metrics, result.extra, texts
+
+
+class RewardScorer:
+    """The Ray actor's body: holds the tokenizer and the reward manager (its error counter too)."""
+
+    def __init__(self, tokenizer, reward_manager):
+        self.tokenizer, self.reward_manager = tokenizer, reward_manager
+
+    def score(self, batch: DataProto) -> tuple:
+        return score_batch(self.tokenizer, self.reward_manager, batch)
+
+
+class PendingScores:
+    """What :meth:`RewardProcess.submit` returns; ``result()`` waits for the scores."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def done(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def result(self) -> tuple:
+        import ray
+
+        try:
+            return ray.get(self.ref)
+        except ray.exceptions.RayTaskError as err:
+            # a function that raised on every sample: the same one-line stop as inline scoring
+            if isinstance(err.cause, RewardFunctionError):
+                raise err.cause from None
+            raise
+        except ray.exceptions.RayActorError as err:
+            raise RuntimeError("the reward process (reward_model.launch_reward_fn_async=true) died while scoring, "
+                               "e.g. the reward function crashed or exited it; run without the key to see the "
+                               f"error inline: {err}") from err
+
+
+class RewardProcess:
+    """The reward function in a Ray actor of its own, for the run's lifetime. It takes no CPU
+    slot (``num_cpus=0``): the workers hold every slot, and the scorer mostly runs while they
+    wait on each other."""
+
+    def __init__(self, tokenizer, reward_manager):
+        import ray
+
+        actor_cls = ray.remote(num_cpus=0, max_restarts=0)(RewardScorer)
+        self._actor = actor_cls.remote(tokenizer, reward_manager)
+
+    def submit(self, batch: DataProto) -> PendingScores:
+        return PendingScores(self._actor.score.remote(batch))
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.kill(self._actor)
