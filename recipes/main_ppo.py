@@ -186,6 +186,12 @@ class Terminated(Exception):
     """SIGTERM (``scancel``, a Slurm time limit, ``kill``): the run stops as on Ctrl-C."""
 
 
+# What the SIGTERM handler raised, if it ran. Raised inside Ray's own code (deserialising a
+# result, say), Terminated reaches the run wrapped in another error (RaySystemError); the stop
+# is still the signal's, not a failure.
+_sigterm: list[Terminated] = []
+
+
 def stop_on_sigterm() -> Any:
     """Turn SIGTERM into :class:`Terminated` in the driver, so the run's ``finally`` blocks shut
     the workers down and the user reads what is left to resume from. Installed after
@@ -196,8 +202,11 @@ def stop_on_sigterm() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
 
+    _sigterm.clear()
+
     def handler(signum, frame):
-        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+        _sigterm.append(Terminated(f"stopped by {signal.Signals(signum).name}"))
+        raise _sigterm[-1]
 
     return signal.signal(signal.SIGTERM, handler) or signal.SIG_DFL
 
@@ -240,6 +249,8 @@ def report_stop(cfg, err: BaseException) -> int:
     """Print why a started run stopped (one line for a broken reward function or a worker killed
     for lack of memory, the traceback of a dead or failing worker), then what it left to resume
     from; return the exit code."""
+    if _sigterm and not isinstance(err, KeyboardInterrupt):
+        err = _sigterm[-1]
     if isinstance(err, RewardFunctionError):  # raised on every sample of a batch: the run stopped cleanly
         print(f"reward function error: {err}", file=sys.stderr)
     elif isinstance(err, WorkerMemoryError):  # not a bug in the code: the traceback would only distract

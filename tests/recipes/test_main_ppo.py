@@ -381,6 +381,30 @@ def test_last_checkpoint_line_names_the_folder_and_how_to_resume(tmp_path):
     assert "is corrupted" in last_checkpoint_line(cfg())
 
 
+def test_sigterm_that_surfaces_wrapped_in_another_error_still_stops_as_terminated(tmp_path, capsys):
+    """SIGTERM's handler can run inside Ray's own code (deserialising a result), which wraps what
+    it raises (RaySystemError): the stop is still reported as the signal's, exit 143."""
+    import signal
+    from types import SimpleNamespace
+
+    from recipes.main_ppo import Terminated, report_stop, restore_sigterm, stop_on_sigterm
+
+    cfg = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(tmp_path), save_freq=2, resume_mode="auto"))
+    previous = stop_on_sigterm()
+    try:
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at the next bytecode
+    finally:
+        restore_sigterm(previous)
+    assert report_stop(cfg, RuntimeError("System error: stopped by SIGTERM")) == 143
+    err = capsys.readouterr().err
+    assert err.startswith("stopped by SIGTERM\n") and "Traceback" not in err
+    stop_on_sigterm_again = stop_on_sigterm()  # a new run forgets the last one's signal
+    restore_sigterm(stop_on_sigterm_again)
+    assert report_stop(cfg, RuntimeError("a real failure")) == 1
+
+
 def test_a_worker_killed_for_memory_stops_in_one_line_naming_the_keys(tmp_path, capsys):
     """No traceback (the code did nothing wrong): what happened with Ray's numbers, the keys that
     lower a worker's memory in this recipe, then the checkpoint line."""

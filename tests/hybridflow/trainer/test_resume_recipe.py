@@ -7,7 +7,7 @@ is the reference; a second identical run is killed with SIGKILL (its whole proce
 included) as soon as its step-2 checkpoint is complete, then started again with the same
 command and resumes by itself (``trainer.resume_mode=auto``). Steps 3-4 must match the
 reference to 1e-6 in fp32: same data order, same sampled responses (the generation RNG is part
-of the checkpoint), same optimizer state. The reference scores on verl's async reward thread
+of the checkpoint), same optimizer state. The reference scores in the async reward process
 (``reward_model.launch_reward_fn_async``) and the other runs inline, so the match also shows the
 overlap changes nothing, down to the rows of the rollout dumps.
 """
