@@ -9,7 +9,6 @@ the REINFORCE gradient, so the actor worker's update_actor is reused unchanged.
 """
 import sys
 
-import numpy as np
 import ray
 import torch
 

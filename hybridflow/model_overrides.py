@@ -53,6 +53,16 @@ def _holds_rope_key(config, key: str) -> bool:
             and isinstance(getattr(config, "rope_parameters", None), dict))
 
 
+def _merged(current: Mapping, update: Mapping) -> dict:
+    """A partial update of a mapping attribute (``+...override_config.rope_scaling.factor=4``)
+    keeps the other entries; the legacy ``type`` would lose to a kept ``rope_type``, so it is
+    renamed."""
+    update = dict(update)
+    if "type" in update and "rope_type" not in update:
+        update["rope_type"] = update.pop("type")
+    return {**current, **update}
+
+
 def _set(config, key: str, value: Any) -> None:
     from transformers import PretrainedConfig
 
@@ -66,11 +76,7 @@ def _set(config, key: str, value: Any) -> None:
             _set(current, name, item)
         return
     if isinstance(value, Mapping) and isinstance(current, Mapping):
-        # a partial update (+...override_config.rope_scaling.factor=4) keeps the other entries
-        update = dict(value)
-        if "type" in update and "rope_type" not in update:  # the legacy name would lose to the kept rope_type
-            update["rope_type"] = update.pop("type")
-        value = {**current, **update}
+        value = _merged(current, value)
     setattr(config, key, copy.deepcopy(value))
 
 
@@ -153,6 +159,6 @@ def overridden_dict(hf: dict, overrides: Mapping[str, Any] | None) -> dict:
     for key, value in (overrides or {}).items():
         if key in SHAPE_KEYS:
             continue
-        current = merged.get(key)  # a partial rope_scaling update keeps the other entries, as _set does
-        merged[key] = {**current, **value} if isinstance(current, Mapping) and isinstance(value, Mapping) else value
+        current = merged.get(key)
+        merged[key] = _merged(current, value) if isinstance(current, Mapping) and isinstance(value, Mapping) else value
     return merged

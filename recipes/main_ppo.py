@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybridflow.config import ConfigError, cli_info, compose_config, derive, load_config, split_cli_args, validate
@@ -133,11 +133,8 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
                 groups[role].init_model()
 
         os.makedirs(t.default_local_dir, exist_ok=True)
-        from omegaconf import OmegaConf  # noqa: F401  (flatten_config handles dataclasses via asdict)
-        import dataclasses
-
         tracker = Tracker(with_jsonl(t.logger), t.project_name, t.experiment_name, t.default_local_dir,
-                          flatten_config(dataclasses.asdict(cfg)))
+                          flatten_config(asdict(cfg)))
         trainer = PPOTrainer(cfg, groups, tokenizer, train_loader, val_loader, reward, tracker,
                              progress=sys.stderr.isatty() or bool(os.environ.get("HYBRIDFLOW_PROGRESS")))
         try:

@@ -94,7 +94,7 @@ def reward_overrides(args) -> list[str]:
 
 
 def recipe_overrides(args, model_path: str, data_dir: str, run_dir: str, use_kl: bool) -> list[str]:
-    return [*reward_overrides(args),
+    return [*args.reward_overrides,
         f"data.train_files=[{data_dir}/train.parquet]", f"data.val_files=[{data_dir}/val.parquet]",
         f"actor_rollout_ref.model.path={model_path}", f"trainer.default_local_dir={run_dir}",
         "data.max_prompt_length=16", f"data.max_response_length={args.response_length}",
@@ -246,6 +246,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     start = time.perf_counter()
     paths = build_assets(args.work_dir, args.sizes)
+    args.reward_overrides = reward_overrides(args)  # the grader's file is written once, for every run
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     report = {"setting": {"prompts": args.prompts, "samples": args.samples, "response_length": args.response_length,
                           "steps": args.steps, "warmup_steps_excluded": args.warmup, "workers": args.workers,

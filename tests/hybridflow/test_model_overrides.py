@@ -42,6 +42,10 @@ def test_size_checks_see_overrides_but_never_shape_keys():
     hf = {"max_position_embeddings": 512, "hidden_size": 64}
     assert overridden_dict(hf, {"max_position_embeddings": 1024, "hidden_size": 8}) == {
         "max_position_embeddings": 1024, "hidden_size": 64}
+    # the checks read the rope type the model will use: a legacy "type" replaces the kept rope_type
+    scaled = overridden_dict({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+                             {"rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert scaled["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
 
 
 def test_external_lib_is_imported_or_named(tmp_path, monkeypatch):

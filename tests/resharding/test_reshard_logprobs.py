@@ -11,7 +11,6 @@ config, and differ from the checkpoint's own; the engine's ``save_hf`` must writ
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch

@@ -38,23 +38,20 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import Tensor
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
 from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
 from hybridflow.model_overrides import load_hf_config
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
                                   mean_over_ranks, mini_batch_meta, skipped_rows_frac)
-from workers.engines import fsdp_layout, prefix_sharing
+from workers.engines import fsdp_checkpoint, fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs, response_logits
 from workers.engines.lora import add_lora, lora_scalings, merge_lora
 from workers.engines.offload import HostOffload
-from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state, load_scheduler_state
+from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
 from workers.engines.token_budget import micro_batches
 
 ROLES = ("actor", "ref", "critic")
@@ -366,41 +363,16 @@ class FSDPEngine:
         dist.barrier()
 
     # ------------------------------------------------------------------ checkpoints
-    def _state(self) -> dict:
-        if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model)}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
-
     def save_checkpoint(self, path: str) -> None:
-        """Sharded model + optimizer (torch.distributed.checkpoint, one shard file per rank under
-        ``path/dcp``) and this rank's scheduler and RNG state (``path/extra_rank{r}.pt``)."""
-        os.makedirs(path, exist_ok=True)
+        """Sharded model + optimizer, this rank's scheduler and RNG (``fsdp_checkpoint.py``)."""
         with self.memory.all_on_device():
-            dcp.save(self._state(), checkpoint_id=os.path.join(path, "dcp"))
-        extra = {"rng": hf_device.rng_state(), "world_size": self.dp_size,
-                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
-        torch.save(extra, os.path.join(path, f"extra_rank{self.dp_rank}.pt"))
-        dist.barrier()
+            fsdp_checkpoint.save_sharded(path, self.model, self.optimizer, self.scheduler, self.dp_rank, self.dp_size)
 
     def load_checkpoint(self, path: str) -> None:
-        extra_file = os.path.join(path, f"extra_rank{self.dp_rank}.pt")
-        if not os.path.isdir(os.path.join(path, "dcp")) or not os.path.exists(extra_file):
-            raise FileNotFoundError(f"FSDPEngine.load_checkpoint: {path} has no dcp/ folder or no "
-                                    f"extra_rank{self.dp_rank}.pt; pass a folder written by save_checkpoint "
-                                    "with the same number of ranks")
+        fsdp_checkpoint.check_sharded(path, self.dp_rank)
         with self.memory.all_on_device():
-            state = self._state()
-            dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
-            if self.optimizer is None:
-                set_model_state_dict(self.model, state["model"])
-            else:
-                set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                               optim_state_dict=state["optim"])
-        extra = torch.load(extra_file, weights_only=False)
-        if self.scheduler is not None and extra["scheduler"] is not None:
-            load_scheduler_state(self.scheduler, extra["scheduler"])
-        hf_device.set_rng_state(extra["rng"])
+            fsdp_checkpoint.load_model_and_optimizer(path, self.model, self.optimizer)
+        fsdp_checkpoint.load_rank_state(path, self.scheduler, self.dp_rank)
 
     # ------------------------------------------------------------------ memory
     def offload(self) -> None:

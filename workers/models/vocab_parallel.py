@@ -5,7 +5,6 @@ partial sums cross ranks, so memory stays ``O(V/tp)`` per token.
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
