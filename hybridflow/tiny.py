@@ -66,10 +66,13 @@ def save_char_tokenizer(path: str):
     return tok
 
 
+TINY_ARCHS = ("qwen2", "llama", "qwen3", "mistral")
+
+
 def tiny_config(arch: str = "qwen2", *, hidden: int = 128, layers: int = 2, heads: int = 4,
                 kv_heads: int = 2, intermediate: int = 256, tied: bool = True,
-                vocab_size: int | None = None, max_positions: int = 512):
-    from transformers import LlamaConfig, Qwen2Config
+                vocab_size: int | None = None, max_positions: int = 512, head_dim: int | None = None):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     vocab_size = vocab_size or len(char_vocab())
     ids = char_vocab()
@@ -84,7 +87,11 @@ def tiny_config(arch: str = "qwen2", *, hidden: int = 128, layers: int = 2, head
         return Qwen2Config(**common, rope_theta=10000.0)
     if arch == "llama":
         return LlamaConfig(**common, rope_theta=10000.0)
-    raise ValueError(f"unknown tiny arch {arch!r}: use 'qwen2' or 'llama'")
+    if arch == "qwen3":  # a head_dim of its own (default twice hidden/heads), as Qwen3's: q_proj's width != hidden
+        return Qwen3Config(**common, rope_theta=10000.0, head_dim=head_dim or 2 * hidden // heads)
+    if arch == "mistral":
+        return MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
+    raise ValueError(f"unknown tiny arch {arch!r}: use one of {', '.join(TINY_ARCHS)}")
 
 
 def make_tiny_checkpoint(path: str, arch: str = "qwen2", seed: int = 0, **config_kwargs) -> str:
@@ -102,6 +109,8 @@ def make_tiny_checkpoint(path: str, arch: str = "qwen2", seed: int = 0, **config
                 p.normal_(0.0, 0.08)
             elif "bias" in name:
                 p.normal_(0.0, 0.05)
+            elif "q_norm" in name or "k_norm" in name:  # not all ones, so a mix-up of the two shows
+                p.normal_(1.0, 0.2)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     save_char_tokenizer(path)

@@ -10,6 +10,7 @@ from hybridflow.config.derived import (
     critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic, reward_model_external_lib,
 )
 from hybridflow.config.root import RootConfig
+from hybridflow.megatron_models import unsupported_reason
 from hybridflow.model_overrides import external_lib_error, override_errors
 
 ARR = "actor_rollout_ref"
@@ -84,6 +85,9 @@ def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     if needs_critic(cfg) and critic_shares_actor_model(cfg):
         roles.append((cfg.critic, "critic"))  # same architecture as the actor
     for role, key in roles:
+        reason = unsupported_reason(hf) if role.strategy == "megatron" else None
+        if reason:
+            errors.append(f"{key}.strategy=megatron: {reason}")
         tp, pp = model_parallel(role.strategy, role.megatron)
         for name, value in shapes.items():
             check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)

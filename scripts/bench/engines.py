@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from hybridflow import device as hf_device  # noqa: E402  (sets oneDNN's ISA cap before any math)
 from hybridflow.ports import free_rendezvous_port  # noqa: E402
+from hybridflow.tiny import TINY_ARCHS  # noqa: E402
 
 GOAL_MAX_OVERHEAD = 0.10
 GOAL_METRIC = "vs_plain_1thread_half_pair"
@@ -406,7 +407,7 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", default="qwen2", choices=("qwen2", "llama"))
+    p.add_argument("--arch", default="qwen2", choices=TINY_ARCHS)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)

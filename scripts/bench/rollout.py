@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 from e2e import SIZES as E2E_SIZES  # noqa: E402  (this folder is sys.path[0] when run as a script)
+from hybridflow.tiny import TINY_ARCHS  # noqa: E402
 
 
 def prompts_batch(batch: int, prompt_len: int, vocab_lo: int, vocab_hi: int, pad: int, seed: int):
@@ -56,7 +57,7 @@ def best_of(repeats: int, fn):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    ap.add_argument("--arch", default="qwen2", choices=TINY_ARCHS)
     ap.add_argument("--size", default="tiny", choices=sorted(SIZES),
                     help="tiny: make_tiny_checkpoint's default; medium: issue 6's ~25M model (e2e.py)")
     ap.add_argument("--batch", type=int, default=64)

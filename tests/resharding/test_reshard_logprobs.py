@@ -104,11 +104,12 @@ def engine_parameters(engine, strategy):
 
 
 OVERRIDES = {"rms_norm_eps": 0.3, "rope_theta": 50.0}  # the checkpoint's: 1e-6 and 10000
-CASES = [  # (strategy, tp, pp, tp_g, world, model.override_config)
-    ("megatron", 2, 1, 2, 2, {}),
-    ("megatron", 2, 1, 1, 2, {}),
-    ("megatron", 1, 2, 1, 2, OVERRIDES),
-    ("fsdp", 1, 1, 1, 2, OVERRIDES),
+CASES = [  # (strategy, tp, pp, tp_g, world, model.override_config, arch)
+    ("megatron", 2, 1, 2, 2, {}, "qwen2"),
+    ("megatron", 2, 1, 1, 2, {}, "qwen2"),
+    ("megatron", 1, 2, 1, 2, OVERRIDES, "qwen2"),
+    ("fsdp", 1, 1, 1, 2, OVERRIDES, "qwen2"),
+    ("megatron", 2, 1, 1, 2, {}, "qwen3"),  # q/k norms (replicated) and a head_dim of its own
 ]
 
 
@@ -138,17 +139,17 @@ def _check_override_numerics(ckpt, results, hf_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,tp,pp,tp_g,world,overrides", CASES,
+@pytest.mark.parametrize("strategy,tp,pp,tp_g,world,overrides,arch", CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4]}" + ("-override_config" if c[5] else "")
-                              for c in CASES])
-def test_vllm_logprobs_match_training_after_reshard(tmp_path, strategy, tp, pp, tp_g, world, overrides):
+                              + ("" if c[6] == "qwen2" else f"-{c[6]}") for c in CASES])
+def test_vllm_logprobs_match_training_after_reshard(tmp_path, strategy, tp, pp, tp_g, world, overrides, arch):
     engine_module = "workers.engines.fsdp" if strategy == "fsdp" else "workers.engines.megatron"
     needed = [engine_module, "workers.rollout.vllm_rollout"] + (["workers.models.layout"] if strategy == "megatron" else [])
     if not _have(*needed):
         pytest.skip(f"needs {needed}")
     from hybridflow.tiny import make_tiny_checkpoint
 
-    ckpt = make_tiny_checkpoint(str(tmp_path / "model"), arch="qwen2", tied=False, hidden=64, layers=2,
+    ckpt = make_tiny_checkpoint(str(tmp_path / "model"), arch=arch, tied=False, hidden=64, layers=2,
                                 heads=2, kv_heads=2, intermediate=128, seed=0)
     hf_dir = str(tmp_path / "saved_hf")
     results = run_distributed(_case, world, ckpt, strategy, tp, pp, tp_g, overrides, hf_dir, timeout_s=540)

@@ -2,7 +2,8 @@
 
 GradientSync owns the fp32 master weights the optimizer steps (the model parameters themselves
 when training in fp32) and the reduction order of one step: tied-embedding all-reduce between
-first and last stage -> DP average -> global norm over TP x PP -> clip.
+first and last stage -> TP sum of partial gradients (Qwen3's q/k norms) -> DP average -> global
+norm over TP x PP -> clip.
 """
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ class GradientSync:
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.tp_rank = tp_rank
         # tensors split over TP (each rank's shard counts in the norm); the rest are replicated
-        self.tp_split = {s.name for s in param_specs(dims, tp, pp, pp_rank) if s.split_dim is not None} | {OUTPUT}
+        specs = param_specs(dims, tp, pp, pp_rank)
+        self.tp_split = {s.name for s in specs if s.split_dim is not None} | {OUTPUT}
+        # replicated, but each rank's gradient covers only its own heads (Qwen3's q/k norms)
+        self.tp_partial = {s.name for s in specs if s.partial_grad} if tp > 1 else set()
         lm_head = getattr(model, "head", "lm") == "lm"
         self.tied_pp = dims.tied_embeddings and pp > 1 and lm_head
         # the last stage's copy of a tied embedding: stage 0's copy alone counts in the norm
@@ -61,6 +65,12 @@ class GradientSync:
             for (name, _), g in zip(self.named, grads):
                 if name in (EMBEDDING, OUTPUT):  # one logical tensor used at both ends of the pipeline
                     dist.all_reduce(g, group=ps.get_embedding_group())
+        partial = [g for (name, _), g in zip(self.named, grads) if name in self.tp_partial]
+        if partial:  # one all-reduce for them all: they are tiny (head_dim each)
+            flat = _flatten_dense_tensors(partial)
+            dist.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
+            for g, reduced in zip(partial, _unflatten_dense_tensors(flat, partial)):
+                g.copy_(reduced)
         dp = ps.get_data_parallel_world_size()
         if dp > 1 and grads:
             flat = _flatten_dense_tensors(grads)

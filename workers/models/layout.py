@@ -1,4 +1,5 @@
-"""Megatron parameter layout of a Llama/Qwen2-family model: the one table of names and shards.
+"""Megatron parameter layout of a Llama-family model (Llama, Qwen2, Qwen3, Mistral): the one
+table of names and shards.
 
 docs/contracts.md "Megatron parameter layout" is this file as prose. ``param_specs`` is what
 ``resharding/`` and the HF <-> Megatron conversion consume; nothing else hard-codes names.
@@ -12,19 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
+from hybridflow.megatron_models import QK_NORM, QKV_BIAS, architecture, unsupported_reason
+from hybridflow.megatron_models import config_value as _get
 
 
 @dataclass(frozen=True)
 class ModelDims:
-    """The sizes of a Llama/Qwen2-family decoder read from an HF config."""
+    """The sizes of a Llama/Qwen2/Qwen3/Mistral decoder read from an HF config."""
 
     architecture: str
     vocab_size: int
@@ -37,22 +32,14 @@ class ModelDims:
     rms_norm_eps: float
     tied_embeddings: bool
     qkv_bias: bool
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on every query and key head, before RoPE
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> "ModelDims":
-        archs = _get(hf_config, "architectures") or []
-        arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(_get(hf_config, "model_type"), "")
-        arch = arch.replace("ForTokenClassification", "ForCausalLM")  # a saved critic: same backbone
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"model architecture {arch or _get(hf_config, 'model_type')!r} is not supported by the "
-                f"megatron engine: use one of {', '.join(SUPPORTED_ARCHITECTURES)} (or strategy=fsdp)")
-        if arch == "LlamaForCausalLM" and (_get(hf_config, "attention_bias") or _get(hf_config, "mlp_bias")):
-            raise ValueError("LlamaForCausalLM with attention_bias/mlp_bias=true is not supported by the "
-                             "megatron engine: use strategy=fsdp for this checkpoint")
-        if _get(hf_config, "use_sliding_window"):
-            raise ValueError("use_sliding_window=true is not supported by the megatron engine: "
-                             "set use_sliding_window=false in config.json or use strategy=fsdp")
+        reason = unsupported_reason(hf_config)
+        if reason:
+            raise ValueError(reason)
+        arch = architecture(hf_config)
         hidden = int(_get(hf_config, "hidden_size"))
         heads = int(_get(hf_config, "num_attention_heads"))
         return cls(
@@ -66,7 +53,8 @@ class ModelDims:
             intermediate_size=int(_get(hf_config, "intermediate_size")),
             rms_norm_eps=float(_get(hf_config, "rms_norm_eps", 1e-6)),
             tied_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM",
+            qkv_bias=arch in QKV_BIAS,
+            qk_norm=arch in QK_NORM,
         )
 
     def check_parallel(self, tp: int, pp: int) -> None:
@@ -95,6 +83,8 @@ class ParamSpec:
     ``split_dim``: dimension split across TP ranks (None: replicated on every TP rank).
     ``fused``: None, "qkv" (per rank [q_r; k_r; v_r] along dim 0) or "gate_up" ([gate_r; up_r]).
     ``hf_names``: the HF tensors it is made of, in fused order, with global layer indices.
+    ``partial_grad``: replicated, but each TP rank applies it to its own heads only (Qwen3's q/k
+    norms), so each rank's gradient is a part of the whole and they must be summed over TP.
     """
 
     name: str
@@ -102,6 +92,7 @@ class ParamSpec:
     split_dim: int | None
     fused: str | None
     shape_per_rank: tuple[int, ...]
+    partial_grad: bool = False
 
 
 def param_specs(hf_config: Any, tp: int, pp: int, pp_rank: int) -> list[ParamSpec]:
@@ -125,6 +116,10 @@ def param_specs(hf_config: Any, tp: int, pp: int, pp_rank: int) -> list[ParamSpe
         if d.qkv_bias:
             specs.append(ParamSpec(m + "self_attention.linear_qkv.bias",
                                    tuple(attn + p + "_proj.bias" for p in "qkv"), 0, "qkv", (qkv_rows,)))
+        if d.qk_norm:  # megatron-core's names for Qwen3's q_norm/k_norm
+            for which in "qk":
+                specs.append(ParamSpec(m + f"self_attention.{which}_layernorm.weight",
+                                       (attn + f"{which}_norm.weight",), None, None, (hd,), partial_grad=True))
         specs.append(ParamSpec(m + "self_attention.linear_proj.weight", (attn + "o_proj.weight",), 1, None,
                                (h, d.num_heads * hd // tp)))
         specs.append(ParamSpec(m + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",),

@@ -1,10 +1,11 @@
-"""One pipeline stage of a Llama/Qwen2-family decoder built from megatron-core TP layers.
+"""One pipeline stage of a Llama-family decoder (Llama, Qwen2, Qwen3, Mistral) built from
+megatron-core TP layers.
 
 Why not megatron-core's GPTModel: it calls ``torch.cuda`` in rotary embeddings and attention
 (ENVIRONMENT.md), so it cannot run on CPU. This module uses only ``megatron.core.tensor_parallel``
 layers (which run on gloo) and torch SDPA, and reproduces HF's numerics: RMSNorm in fp32, RoPE
 with the ``rotate_half`` convention and HF's inv_freq (including scaled rope types via HF's own
-init functions), grouped-query attention. Module names are the table of ``layout.py``.
+init functions), grouped-query attention, Qwen3's per-head q/k RMSNorm. Module names are the table of ``layout.py``.
 
 Differences from the textbook decoder: activations stay ``[batch, seq, hidden]`` (no sequence
 parallelism); TP ranks hold ``nq/tp`` query heads and ``nkv/tp`` key/value heads each, so GQA
@@ -139,12 +140,16 @@ class SelfAttention(nn.Module):
         self.linear_proj = RowParallelLinear(
             dims.num_heads * dims.head_dim, dims.hidden_size, config=cfg, init_method=_skip_init,
             bias=False, input_is_parallel=True, skip_bias_add=False)
+        if dims.qk_norm:  # replicated over TP; GradientSync sums their per-rank (per-head-slice) gradients
+            self.q_layernorm = RMSNorm(dims.head_dim, dims.rms_norm_eps, cfg.params_dtype)
+            self.k_layernorm = RMSNorm(dims.head_dim, dims.rms_norm_eps, cfg.params_dtype)
 
     def _heads(self, qkv: Tensor, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = qkv.split([self.nq * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        return (q.reshape(rows, cols, self.nq, self.hd).transpose(1, 2),
-                k.reshape(rows, cols, self.nkv, self.hd).transpose(1, 2),
-                v.reshape(rows, cols, self.nkv, self.hd).transpose(1, 2))
+        q, k = q.reshape(rows, cols, self.nq, self.hd), k.reshape(rows, cols, self.nkv, self.hd)
+        if hasattr(self, "q_layernorm"):  # Qwen3 normalises each head before RoPE
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), v.reshape(rows, cols, self.nkv, self.hd).transpose(1, 2)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """SDPA with HF's repeat_kv (query head j uses kv head j // group); ``[b, s, nq*hd]``."""

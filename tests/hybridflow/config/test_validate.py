@@ -242,6 +242,22 @@ def test_model_shapes_must_split_over_tp_and_pp(run_dir):
     assert "num_attention_heads=4" not in msg
 
 
+def test_megatron_refuses_a_model_it_cannot_build_before_ray_starts(run_dir):
+    cfg = grpo(actor_rollout_ref__actor__strategy="megatron")
+    for family in ("llama", "qwen3", "mistral"):  # the block the engine builds, with their differences
+        validate(cfg, model_config=dict(TINY_MODEL, model_type=family))
+    msg = error_of(cfg, model_config=dict(TINY_MODEL, model_type="gemma2", architectures=["Gemma2ForCausalLM"]))
+    assert msg.startswith("actor_rollout_ref.actor.strategy=megatron: model architecture 'Gemma2ForCausalLM' is "
+                          "not supported by the megatron engine: use one of LlamaForCausalLM, Qwen2ForCausalLM, "
+                          "Qwen3ForCausalLM, MistralForCausalLM (or strategy=fsdp)")
+    windowed = dict(TINY_MODEL, model_type="mistral", sliding_window=256)
+    assert "MistralForCausalLM with sliding_window=256 (below max_position_embeddings=512)" in error_of(
+        cfg, model_config=windowed)
+    assert "Qwen3ForCausalLM with attention_bias/mlp_bias=true" in error_of(
+        cfg, model_config=dict(TINY_MODEL, model_type="qwen3", attention_bias=True))
+    validate(grpo(), model_config=windowed)  # FSDP runs any HF causal LM
+
+
 def test_rollout_tp_and_kv_heads_must_divide_one_another(run_dir):
     cfg = grpo(trainer__n_gpus_per_node=4, actor_rollout_ref__rollout__tensor_model_parallel_size=4,
                actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=4)

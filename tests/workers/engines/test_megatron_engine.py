@@ -1,4 +1,5 @@
-"""MegatronEngine on 4 real gloo ranks vs single-process HF references (tiny tied Qwen2, untied Llama).
+"""MegatronEngine on 4 real gloo ranks vs single-process HF references (tiny tied Qwen2, untied
+Llama, tied Qwen3: per-head q/k norms, head_dim twice hidden/heads).
 
 One spawned job per architecture runs every layout in turn (TP2xPP2, TP1xDP4, TP2xDP2, PP2xDP2),
 re-building megatron-core's process groups between them, and returns its numbers; the tests below
@@ -165,7 +166,8 @@ def _scenario(rank, world, ckpt, workdir):
     return pickle.dumps(out)
 
 
-@pytest.fixture(scope="module", params=[("qwen2", True), ("llama", False)], ids=["qwen2_tied", "llama_untied"])
+@pytest.fixture(scope="module", params=[("qwen2", True), ("llama", False), ("qwen3", True)],
+                ids=["qwen2_tied", "llama_untied", "qwen3_tied"])
 def run(request, tmp_path_factory):
     arch, tied = request.param
     root = tmp_path_factory.mktemp(arch)

@@ -42,7 +42,7 @@ def test_table_for_untied_llama_has_lm_head_and_no_qkv_bias():
     assert len([n for n in specs if ".layers." in n]) == 2 * 6
 
 
-@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("llama", False)])
+@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("llama", False), ("qwen3", True), ("mistral", False)])
 def test_shard_and_merge_round_trip(tmp_path, arch, tied):
     path = make_tiny_checkpoint(str(tmp_path / arch), arch=arch, tied=tied, layers=2)
     reader = HFCheckpointReader(path)
@@ -62,7 +62,32 @@ def test_shard_and_merge_round_trip(tmp_path, arch, tied):
     q = reader.get("model.layers.0.self_attn.q_proj.weight")
     k = reader.get("model.layers.0.self_attn.k_proj.weight")
     shard = hf_to_shard(spec, reader.get, tp, 1)
-    assert torch.equal(shard[:64], q[64:]) and torch.equal(shard[64:96], k[32:])
+    q_rows, kv_rows = dims.num_heads // tp * dims.head_dim, dims.num_kv_heads // tp * dims.head_dim
+    assert torch.equal(shard[:q_rows], q[q_rows:]) and torch.equal(shard[q_rows:q_rows + kv_rows], k[kv_rows:])
+
+
+def test_table_for_qwen3_has_replicated_head_norms_and_its_own_head_dim():
+    cfg = tiny_config("qwen3", hidden=128, heads=4, kv_heads=2, head_dim=48)  # q_proj: 192 rows, not 128
+    specs = {s.name: s for s in param_specs(cfg, tp=2, pp=1, pp_rank=0)}
+    layer = "decoder.layers.1.self_attention."
+    assert specs[layer + "linear_qkv.weight"].shape_per_rank == ((4 + 2 * 2) // 2 * 48, 128)
+    assert specs[layer + "linear_proj.weight"].shape_per_rank == (128, 2 * 48)
+    for which in "qk":
+        norm = specs[f"{layer}{which}_layernorm.weight"]
+        assert norm.hf_names == (f"model.layers.1.self_attn.{which}_norm.weight",)
+        # replicated, yet each TP rank normalises only its own heads: the gradients are partial
+        assert (norm.split_dim, norm.shape_per_rank, norm.partial_grad) == (None, (48,), True)
+    assert not any(n.endswith("linear_qkv.bias") for n in specs)
+    assert not any(s.partial_grad for s in param_specs(tiny_config("qwen2"), tp=2, pp=1, pp_rank=0))
+
+
+def test_mistral_is_the_llama_table_while_its_window_covers_every_position():
+    llama, mistral = tiny_config("llama", tied=False), tiny_config("mistral", tied=False)
+    strip = [(s.name, s.hf_names, s.shape_per_rank) for s in param_specs(llama, tp=2, pp=2, pp_rank=1)]
+    assert [(s.name, s.hf_names, s.shape_per_rank) for s in param_specs(mistral, tp=2, pp=2, pp_rank=1)] == strip
+    mistral.sliding_window = 128
+    with pytest.raises(ValueError, match=re.escape("sliding_window=128 (below max_position_embeddings=512)")):
+        ModelDims.from_hf(mistral)
 
 
 @pytest.mark.parametrize("overrides,tp,pp,needle", [
@@ -79,8 +104,8 @@ def test_parallel_size_errors_name_the_key(overrides, tp, pp, needle):
 
 def test_unsupported_architecture_names_the_supported_ones():
     cfg = tiny_config("llama")
-    cfg.architectures = ["MistralForCausalLM"]
-    with pytest.raises(ValueError, match="LlamaForCausalLM, Qwen2ForCausalLM"):
+    cfg.architectures = ["Gemma2ForCausalLM"]
+    with pytest.raises(ValueError, match="LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM"):
         ModelDims.from_hf(cfg)
     # a critic saved as *ForTokenClassification has the same backbone and is accepted
     cfg.architectures = ["Qwen2ForTokenClassification"]
