@@ -73,6 +73,20 @@ def max_positions(hf: dict) -> tuple[int | None, str]:
     return int(base * factor), f"{base} positions x rope_scaling factor {factor} ({kind})"
 
 
+def megatron_model_errors(cfg: RootConfig, hf: dict) -> list[str]:
+    """The Megatron engine builds a few decoder families only; FSDP takes any HF causal LM.
+    The reference runs on the actor's engine; a critic may start from a checkpoint of its own."""
+    checks = []
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        checks.append((f"{ARR}.actor.strategy", hf))
+    if needs_critic(cfg) and cfg.critic.strategy == "megatron":
+        critic_hf = hf if critic_shares_actor_model(cfg) else read_model_config(cfg.critic.model.path)
+        if critic_hf is not None:  # else path_errors names the missing checkpoint
+            checks.append(("critic.strategy", critic_hf))
+    reasons = ((key, unsupported_reason(model)) for key, model in checks)
+    return [f"{key}=megatron: {reason}" for key, reason in reasons if reason]
+
+
 def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
     heads and the MLP, and needs kv heads and its TP to divide one another."""
@@ -85,9 +99,6 @@ def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     if needs_critic(cfg) and critic_shares_actor_model(cfg):
         roles.append((cfg.critic, "critic"))  # same architecture as the actor
     for role, key in roles:
-        reason = unsupported_reason(hf) if role.strategy == "megatron" else None
-        if reason:
-            errors.append(f"{key}.strategy=megatron: {reason}")
         tp, pp = model_parallel(role.strategy, role.megatron)
         for name, value in shapes.items():
             check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)

@@ -24,7 +24,7 @@ from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 from hybridflow.config.model_checks import (
-    external_lib_errors, model_shape_errors, override_config_errors, read_model_config,
+    external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors, read_model_config,
 )
 from hybridflow.model_overrides import overridden_dict
 
@@ -61,7 +61,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
         if model_config is None:
             model_config = read_model_config(cfg.actor_rollout_ref.model.path)
     if model_config is not None:
-        errors += override_config_errors(cfg, model_config)
+        errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
         # the sizes the run builds: an override of max_position_embeddings counts
         errors += model_shape_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
     errors += device_errors(cfg, available_slots)

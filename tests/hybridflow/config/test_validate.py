@@ -256,6 +256,13 @@ def test_megatron_refuses_a_model_it_cannot_build_before_ray_starts(run_dir):
     assert "Qwen3ForCausalLM with attention_bias/mlp_bias=true" in error_of(
         cfg, model_config=dict(TINY_MODEL, model_type="qwen3", attention_bias=True))
     validate(grpo(), model_config=windowed)  # FSDP runs any HF causal LM
+    # a critic from a checkpoint of its own is read and checked too
+    critic = run_dir / "gemma_critic"
+    critic.mkdir()
+    (critic / "config.json").write_text(json.dumps(dict(TINY_MODEL, model_type="gemma2")))
+    ppo = grpo(algorithm__adv_estimator="gae", critic__strategy="megatron", critic__model__path=str(critic),
+               critic__ppo_micro_batch_size_per_gpu=2)
+    assert error_of(ppo).startswith("critic.strategy=megatron: model architecture 'gemma2' is not supported")
 
 
 def test_rollout_tp_and_kv_heads_must_divide_one_another(run_dir):
