@@ -18,7 +18,8 @@ GREATER_THAN_0 = (lambda v: v > 0, "> 0")
 OPTIONAL_GT_0 = (lambda v: v is None or v > 0, "null or > 0")
 UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
 OPEN_UNIT = (lambda v: 0 < v <= 1, "in (0, 1]")
-FREQ = (lambda v: v == -1 or v >= 1, "-1 (off) or a positive number of steps")
+# verl reads any frequency <= 0 as off; -1 is the documented spelling, 0 is accepted as well
+FREQ = (lambda v: v >= -1, "-1 or 0 (off) or a positive number of steps")
 MAX_SAMPLES = (lambda v: v == -1 or v >= 1, "-1 (all) or a positive number of prompts")
 TOP_K = (lambda v: v == -1 or v >= 1, "-1 (off) or a positive integer")
 

@@ -134,7 +134,7 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__actor__clip_ratio_c=1.0), "actor_rollout_ref.actor.clip_ratio_c=1.0 must be > 1"),
     (dict(actor_rollout_ref__rollout__top_p=0.0), "actor_rollout_ref.rollout.top_p=0.0 must be in (0, 1]"),
     (dict(algorithm__lam=1.5), "algorithm.lam=1.5 must be in [0, 1]"),
-    (dict(trainer__save_freq=0), "trainer.save_freq=0 must be -1 (off) or a positive number of steps"),
+    (dict(trainer__save_freq=-2), "trainer.save_freq=-2 must be -1 or 0 (off) or a positive number of steps"),
     (dict(data__train_batch_size=0), "data.train_batch_size=0 must be a positive integer"),
     (dict(actor_rollout_ref__actor__optim__lr=0.0), "actor_rollout_ref.actor.optim.lr=0.0 must be > 0"),
     (dict(algorithm__kl_ctrl__type="adaptive", algorithm__kl_ctrl__horizon=0),
@@ -298,6 +298,10 @@ def test_kl_in_loss_and_reward_is_allowed_with_a_warning(run_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="hybridflow.config.validate"):
         validate(grpo(algorithm__use_kl_in_reward=True))
     assert "penalised twice" in caplog.text
+
+
+def test_zero_frequencies_mean_off_as_in_verl(run_dir):
+    validate(grpo(trainer__test_freq=0, trainer__save_freq=0))  # the trainer runs neither at <= 0
 
 
 def test_remax_runs_with_one_sample(run_dir):
