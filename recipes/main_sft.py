@@ -60,6 +60,7 @@ def run(cfg) -> dict:
                           lr_schedule=o.schedule, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
                           grad_clip=o.clip_grad, micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
                           gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed,
+                          disable_dropout=False,  # SFT trains with the checkpoint's dropout, as verl's does
                           fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,
                           reshard_after_forward=m.fsdp_config.reshard_after_forward,
                           **offload_kwargs(m.strategy, m.fsdp_config, m.megatron), **lora_kwargs(m))

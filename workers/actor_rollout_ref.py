@@ -128,12 +128,14 @@ class ActorRolloutRefWorker(Worker):
             resharder = Resharder(plan_from_param_specs(param_specs, engine.hf_config, train, gen),
                                   bucket_bytes=s.reshard_bucket_bytes)
             return (lambda: resharder.stream(dict(engine.model.named_parameters()))), resharder.stats
+        from workers.engines.hf_export import in_checkpoint_layout
         from workers.engines.lora import merge_lora
 
         weights = FSDPWeightStream(s.reshard_bucket_bytes)
-        # LoRA: vLLM gets plain HF weights with the adapters merged in (no adapter support needed)
-        return (lambda: merge_lora(weights.stream(engine.model.named_parameters()),
-                                   engine.lora_scalings)), weights.stats
+        # LoRA: vLLM gets plain HF weights with the adapters merged in (no adapter support needed);
+        # vLLM's loaders read the checkpoint's layout, not transformers' runtime one (MoE experts)
+        return (lambda: in_checkpoint_layout(engine.model, merge_lora(
+            weights.stream(engine.model.named_parameters()), engine.lora_scalings))), weights.stats
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.mesh("rollout"))

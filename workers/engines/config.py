@@ -33,6 +33,9 @@ class EngineConfig:
     grad_clip: float = 1.0  # max global L2 norm of the gradient; <= 0 disables clipping
     micro_batch_size_per_gpu: int = 4
     gradient_checkpointing: bool = False
+    # FSDP: zero the checkpoint's dropout rates. RL (the default) trains the policy vLLM samples
+    # from, which has none; the SFT recipe keeps the checkpoint's, as verl's and TRL's SFT do.
+    disable_dropout: bool = True
     use_remove_padding: bool = False
     # Run each distinct prompt of a micro-batch once and share its keys/values among the rows that
     # repeat it (GRPO's n samples). FSDP: padded layout only; Megatron: every layout.

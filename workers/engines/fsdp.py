@@ -42,12 +42,12 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
-from hybridflow.model_overrides import load_hf_config
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
                                   mean_over_ranks, mini_batch_meta, skipped_rows_frac)
 from workers.engines import fsdp_checkpoint, fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
-from workers.engines.hf_export import write_hf_checkpoint
+from workers.engines.hf_export import in_checkpoint_layout, write_hf_checkpoint
+from workers.engines.hf_model import load_hf_model
 from workers.engines.logprob import response_log_probs, response_logits
 from workers.engines.lora import add_lora, lora_scalings, merge_lora
 from workers.engines.offload import HostOffload
@@ -66,17 +66,6 @@ if hf_device.device_type() == "cpu":
     # the CPU flags list AMX; capping the ISA keeps AVX512-BF16 (fp32 kernels do not use AMX).
     # oneDNN reads this once, at its first kernel, so it must be set before any tensor math.
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-
-
-def _load_hf_model(model_path: str, role: str, overrides: dict | None = None) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
-
-    config = load_hf_config(model_path, overrides)
-    if role == "critic":  # after the overrides: the value head needs these whatever they say
-        config.num_labels = 1
-        config.classifier_dropout = 0.0  # the token-classification head otherwise defaults to 0.1
-        return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32)
-    return AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
 
 
 def _aliased_parameter_names(model: torch.nn.Module) -> set[str]:
@@ -106,7 +95,7 @@ class FSDPEngine:
         self.shard_size = fsdp_layout.resolve_shard_size(config.fsdp_size, self.dp_size)
 
         torch.manual_seed(config.seed)  # the critic's new head must start identical on all ranks
-        model = _load_hf_model(model_path, role, config.override_config)
+        model = load_hf_model(model_path, role, config.override_config, config.disable_dropout)
         model.config.use_cache = False
         self.hf_config = model.config
         self.architecture = type(model).__name__
@@ -343,7 +332,7 @@ class FSDPEngine:
         must consume the iterator in step). Tied copies (``lm_head.weight``) are left out, as in an
         HF checkpoint of a tied model; LoRA adapters come merged into their weights."""
         with self.memory.params_on_device():
-            yield from merge_lora(self._full_state_tensors(), self.lora_scalings)
+            yield from in_checkpoint_layout(self.model, merge_lora(self._full_state_tensors(), self.lora_scalings))
 
     def _full_state_tensors(self) -> Iterator[tuple[str, Tensor]]:
         for name, tensor in self.model.state_dict().items():

@@ -10,12 +10,40 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from safetensors.torch import save_file
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".safetensors.index.json", ".bin.index.json")
+
+
+def in_checkpoint_layout(model, named_tensors: Iterable[tuple[str, torch.Tensor]]
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's tensors as its checkpoint stores them, one tensor at a time.
+
+    transformers 5 loads some checkpoints into a layout of its own (MoE models: each layer's
+    experts fused into one 3-D ``mlp.experts.gate_up_proj``), and ``state_dict()`` names that
+    layout. vLLM's loaders, and HF checkpoints written for others to read, want the checkpoint's
+    (``block_sparse_moe.experts.N.w1.weight``). transformers' own ``revert_weight_conversion``
+    maps each runtime tensor back; models it loads unchanged pass straight through.
+    """
+    from transformers.core_model_loading import revert_weight_conversion
+
+    if not _has_weight_conversions(model):
+        yield from named_tensors
+        return
+    for name, tensor in named_tensors:
+        yield from revert_weight_conversion(model, {name: tensor}).items()
+
+
+def _has_weight_conversions(model) -> bool:
+    conversions = getattr(model, "_weight_conversions", None)  # set by from_pretrained
+    if conversions is None:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        conversions = get_model_conversion_mapping(model, add_legacy=False)
+    return bool(conversions)
 
 
 def copy_tokenizer_files(source_dir: str, target_dir: str) -> list[str]:

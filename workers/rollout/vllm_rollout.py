@@ -44,6 +44,7 @@ from hybridflow.device import device_type
 from hybridflow.model_overrides import apply_overrides, load_hf_config
 from hybridflow.shm_group import unlink_shm_segment
 from hybridflow.protocol import DataProto
+from workers.rollout.hf_class_guard import give_back_transformers_classes
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
                                   prompt_token_lists, resolve_sampling, special_token_ids,
                                   truncate_at_stop)
@@ -245,6 +246,7 @@ class VLLMRollout:
         build = linears_keep_weights() if live else contextlib.nullcontext()
         with build, _without_env(hidden_env):
             self.llm = LLM(**engine_kwargs, **config.vllm_engine_kwargs)
+        give_back_transformers_classes(self.llm)  # the training engine in this process builds them too
         _unlink_broadcast_rings()
         # after the engine: building it re-applies vLLM's logging config, levels included
         _filter_once("vllm.model_executor.model_loader.reload.layerwise",

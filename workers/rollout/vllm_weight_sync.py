@@ -85,25 +85,41 @@ def _repack(layers) -> None:
 def use_live_weights(worker) -> str | None:
     """Runs inside vLLM's worker (via collective_rpc): pack every GEMM from its live weight.
 
-    Returns None when done, else why live weights cannot serve this model (nothing is changed
-    then, and the caller keeps vLLM's reload).
+    Returns None when done, else why live weights cannot serve this model (e.g. MoE experts, which
+    vLLM post-processes); the linears are then packed as a stock build packs them, and the caller
+    keeps vLLM's reload.
     """
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
     model = worker.model_runner.get_model()
+    why = None
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizeMethodBase) and not isinstance(
                 method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
-            return f"{name} uses {type(method).__name__}, whose weights vLLM post-processes"
-        if hasattr(module, "cpu_linear"):
+            why = f"{name} uses {type(method).__name__}, whose weights vLLM post-processes"
+        elif hasattr(module, "cpu_linear"):
             weight = getattr(module, "weight", None)
             if weight is None or weight.is_meta or weight.numel() == 0 or weight.ndim != 2:
-                return f"{name} ({type(module).__name__}) kept no plain 2-D weight"
+                why = f"{name} ({type(module).__name__}) kept no plain 2-D weight"
+        if why:
+            _stock_linears(model)
+            return why
     _repack(_gemm_layers(model))
     return None
+
+
+def _stock_linears(model) -> None:
+    """Process the linears the way a stock build does (packed, plain weight dropped), for an engine
+    that keeps vLLM's reload: the reload's restore step expects the stock layout of every layer."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+    for module in model.modules():
+        if (isinstance(module, LinearBase) and isinstance(getattr(module, "quant_method", None), UnquantizedLinearMethod)
+                and not getattr(module, "_cpu_skip_gemm_dispatch", False)):  # MLA's kv_b_proj stays plain
+            module.quant_method.process_weights_after_loading(module)
 
 
 def load_live_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:

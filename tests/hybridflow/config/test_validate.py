@@ -265,6 +265,16 @@ def test_megatron_refuses_a_model_it_cannot_build_before_ray_starts(run_dir):
     assert error_of(ppo).startswith("critic.strategy=megatron: model architecture 'gemma2' is not supported")
 
 
+def test_vllm_on_cpu_refuses_a_mixture_of_experts_model_before_ray_starts(run_dir):
+    moe = dict(TINY_MODEL, model_type="mixtral", num_local_experts=4)
+    msg = error_of(grpo(trainer__device="cpu"), model_config=moe)
+    assert msg.startswith("actor_rollout_ref.rollout.name=vllm cannot update a mixture-of-experts model on CPU "
+                          "(4 experts;"), msg
+    assert msg.endswith("use actor_rollout_ref.rollout.name=hf on CPU, or a GPU")
+    validate(grpo(trainer__device="cpu", actor_rollout_ref__rollout__name="hf"), model_config=moe)
+    validate(grpo(trainer__device="cpu"), model_config=TINY_MODEL)  # dense: vLLM's reload works
+
+
 def test_rollout_tp_and_kv_heads_must_divide_one_another(run_dir):
     cfg = grpo(trainer__n_gpus_per_node=4, actor_rollout_ref__rollout__tensor_model_parallel_size=4,
                actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=4)

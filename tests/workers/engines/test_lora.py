@@ -25,11 +25,11 @@ def ckpt(tmp_path_factory):
 
 
 def _adapted(path, **kwargs):
-    from workers.engines.fsdp import _load_hf_model
+    from workers.engines.hf_model import load_hf_model
     from workers.engines.lora import add_lora
 
     torch.manual_seed(0)  # the engine's seed before it loads the model and draws A
-    model = _load_hf_model(path, "actor")
+    model = load_hf_model(path, "actor")
     names = add_lora(model, RANK, ALPHA, **kwargs)
     return model, names
 

@@ -1,0 +1,66 @@
+"""What an engine's HF model must be so that its log-probs are the vLLM policy's, on architectures
+beyond the Llama family: no dropout (GPT-2 ships 0.1 everywhere), Gemma-2's softcapped attention,
+and MoE weights streamed in the checkpoint's layout rather than transformers 5's fused one."""
+import pytest
+import torch
+from safetensors import safe_open
+
+from hybridflow.tiny import char_vocab, save_char_tokenizer
+from workers.engines.hf_export import in_checkpoint_layout
+from workers.engines.hf_model import load_hf_model
+
+VOCAB = len(char_vocab())
+
+
+def _save(path, model_type: str, **kw) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, vocab_size=VOCAB, **kw)).float()
+    model.save_pretrained(str(path))
+    save_char_tokenizer(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    return _save(tmp_path_factory.mktemp("gpt2"), "gpt2", n_embd=64, n_layer=2, n_head=2, n_positions=64)
+
+
+def test_rl_roles_train_without_dropout(gpt2):
+    ids = torch.arange(3, 19).unsqueeze(0)
+    for role in ("actor", "critic"):
+        model = load_hf_model(gpt2, role).train()  # the engines train in train mode
+        assert model.config.resid_pdrop == model.config.attn_pdrop == model.config.embd_pdrop == 0.0
+        assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+        first, second = model(ids).logits, model(ids).logits
+        assert torch.equal(first, second)  # deterministic: the training forward scores vLLM's policy
+
+
+def test_sft_keeps_the_checkpoints_dropout(gpt2):
+    model = load_hf_model(gpt2, "actor", disable_dropout=False)
+    assert model.config.resid_pdrop == 0.1
+    assert any(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_gemma2_runs_the_attention_that_applies_its_softcapping(tmp_path):
+    path = _save(tmp_path / "gemma2", "gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    assert load_hf_model(path, "actor").config._attn_implementation == "eager"
+    assert load_hf_model(_save(tmp_path / "gpt2", "gpt2", n_embd=64, n_layer=1, n_head=2),
+                         "actor").config._attn_implementation != "eager"
+
+
+def test_moe_weights_stream_in_the_checkpoints_layout(tmp_path):
+    path = _save(tmp_path / "mixtral", "mixtral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2)
+    model = load_hf_model(path, "actor")
+    assert any(name.endswith("experts.gate_up_proj") for name in model.state_dict())  # transformers' fused layout
+    streamed = dict(in_checkpoint_layout(model, model.state_dict().items()))
+    with safe_open(f"{path}/model.safetensors", "pt") as f:
+        assert set(streamed) == set(f.keys())  # block_sparse_moe.experts.N.w1.weight, ... as on disk
+        for name in f.keys():
+            assert torch.equal(streamed[name], f.get_tensor(name)), name
+    # a model transformers loads unchanged streams its state_dict as it is
+    dense = load_hf_model(_save(tmp_path / "gpt2", "gpt2", n_embd=64, n_layer=1, n_head=2), "actor")
+    assert [n for n, _ in in_checkpoint_layout(dense, dense.state_dict().items())] == list(dense.state_dict())
