@@ -23,9 +23,9 @@ from recipes.worker_env import worker_env
 
 
 def main(overrides):
-    n = 4
-    cfg = load_config(compose_config("grpo", [f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.actor.use_kl_loss=false",
+    cfg = load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=false",
                                               "trainer.n_gpus_per_node=2", *overrides]))
+    n = cfg.actor_rollout_ref.rollout.n  # samples per prompt: the leave-one-out baseline needs >= 2
     a = cfg.actor_rollout_ref.actor
     a.ppo_mini_batch_size = cfg.data.train_batch_size  # one optimizer step per batch: on-policy
     validate(cfg)
@@ -58,6 +58,8 @@ def main(overrides):
         metrics = actor.update_actor(out)[0]
         print(f"step {step}: score {scores.mean():.3f}  pg_loss {metrics['actor/pg_loss']:+.4f}  "
               f"grad_norm {metrics['actor/grad_norm']:.3f}")
+    actor.save_hf(f"{cfg.trainer.default_local_dir}/hf")                 # an ordinary HF checkpoint
+    print(f"saved {cfg.trainer.default_local_dir}/hf")
     ray.shutdown()
 
 

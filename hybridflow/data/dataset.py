@@ -8,7 +8,8 @@ is known before training starts (verl filters the same way).
 What differs from a plain text data set:
 - A list of messages goes through the tokenizer's chat template with the generation prompt
   appended; a tokenizer without a template gets the message contents joined by newlines. A plain
-  string is used verbatim (never templated): that is how a user feeds a base model raw text.
+  string is used verbatim unless ``apply_chat_template=true`` asks for the template (then it is one
+  user message): verbatim is how a user feeds a base model raw text.
 - Prompts are left-padded to ``max_prompt_length`` (the generation engine continues right after
   the last real token) and ``position_ids = clamp(cumsum(attention_mask) - 1, 0)``.
 - Nothing is shortened silently: an overlong prompt is dropped (``filter_overlong_prompts``, the
@@ -116,7 +117,9 @@ def prompt_text(tokenizer, prompt: str | Sequence[Mapping], apply_chat_template:
     variables, e.g. ``enable_thinking=False`` for Qwen3.
     """
     if isinstance(prompt, str):
-        return prompt
+        if not apply_chat_template:  # None or False: raw text, as a base model is fed
+            return prompt
+        prompt = [{"role": "user", "content": prompt}]  # asked for: one user message, as verl's SFT does
     messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
     has_template = getattr(tokenizer, "chat_template", None) is not None
     if apply_chat_template is None:
@@ -137,9 +140,11 @@ def encode_prompt(tokenizer, prompt: str | Sequence[Mapping], apply_chat_templat
     Templated text already contains its special tokens (add_special_tokens=False, as verl does);
     raw text gets the tokenizer's usual ones (e.g. a Llama BOS), as a base model expects.
     """
-    templated = not isinstance(prompt, str) and (
-        apply_chat_template if apply_chat_template is not None
-        else getattr(tokenizer, "chat_template", None) is not None)
+    if isinstance(prompt, str):
+        templated = bool(apply_chat_template)
+    else:
+        templated = (apply_chat_template if apply_chat_template is not None
+                     else getattr(tokenizer, "chat_template", None) is not None)
     text = prompt_text(tokenizer, prompt, apply_chat_template, template_kwargs)
     return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
 
@@ -208,6 +213,9 @@ class RLPromptDataset(torch.utils.data.Dataset):
                     break
                 validate_row(row, path, i, prompt_key, reward_fn_key)
                 ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template, template_kwargs)
+                if not ids:  # generation needs at least one prompt token to continue from
+                    raise _row_error(path, i, prompt_key, f"is {row[prompt_key]!r}, which tokenizes to no "
+                                     "tokens: give the row a prompt or remove it")
                 if len(ids) > max_prompt_length:
                     if filter_overlong_prompts:
                         self.num_filtered += 1

@@ -1,22 +1,29 @@
 """Prompt/response pairs for supervised fine-tuning, laid out exactly like an RL batch.
 
 The prompt is tokenized the way the RL data set does it (``encode_prompt``) and left-padded to
-``P``; the response (plus EOS) is right-padded to ``R = max_length - P``. So the SFT loss is the
+``P``, the longest prompt; the response (plus EOS) is right-padded to ``R``, the longest response.
+Each row's prompt + response must fit ``max_length`` (else ``truncation``: ``error`` names the row,
+``left`` drops the prompt's first tokens, ``right`` the response's last, as verl's SFT data set
+does for the joined sequence); rows are not held to one another's lengths. So the SFT loss is the
 training engine's response log-prob, the same code path as PPO, and a warm-started model sees
 prompts at RL time exactly as it saw them here.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from hybridflow.data.dataset import DataError, encode_prompt, left_pad, pad_token_id, read_rows
+
+logger = logging.getLogger(__name__)
 
 SFT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
 class SFTDataset(torch.utils.data.Dataset):
     def __init__(self, files, tokenizer, *, prompt_key: str = "prompt", response_key: str = "response",
-                 max_length: int = 64, apply_chat_template: bool | None = None):
+                 max_length: int = 64, apply_chat_template: bool | None = None, truncation: str = "error"):
         files = [files] if isinstance(files, str) else list(files)
         if tokenizer.eos_token_id is None:
             raise DataError("SFT needs a tokenizer with an eos_token: responses must teach the model to stop")
@@ -31,16 +38,17 @@ class SFTDataset(torch.utils.data.Dataset):
                     raise DataError(f"{path}: row {i}: key {response_key!r} must be a string")
                 prompt = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
                 response = list(tokenizer(row[response_key], add_special_tokens=False)["input_ids"])
-                pairs.append((prompt, response + [tokenizer.eos_token_id], path, i))
+                response.append(tokenizer.eos_token_id)
+                pairs.append(_fit(prompt, response, max_length, truncation, f"{path}: row {i}"))
         if not pairs:
             raise DataError(f"no SFT rows in {files}")
-        self.prompt_length = max(len(p) for p, _, _, _ in pairs)
-        self.response_length = max_length - self.prompt_length
-        for p, r, path, i in pairs:
-            if len(r) > self.response_length:
-                raise DataError(f"{path}: row {i}: prompt+response is {len(p) + len(r)} tokens, longer than "
-                                 f"data.max_length={max_length}: raise data.max_length")
-        self.pairs = [(p, r) for p, r, _, _ in pairs]
+        self.truncated = sum(1 for _, _, cut in pairs if cut)
+        if self.truncated:
+            logger.warning("SFT data: %d of %d rows truncated to data.max_length=%d (data.truncation=%s)",
+                           self.truncated, len(pairs), max_length, truncation)
+        self.pairs = [(p, r) for p, r, _ in pairs]
+        self.prompt_length = max(len(p) for p, _ in self.pairs)
+        self.response_length = max(len(r) for _, r in self.pairs)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -55,6 +63,22 @@ class SFTDataset(torch.utils.data.Dataset):
         mask = torch.cat([p_mask, r_mask])
         return {"input_ids": torch.cat([p_ids, r_ids]), "attention_mask": mask,
                 "position_ids": (mask.cumsum(0) - 1).clamp(min=0), "responses": r_ids, "response_mask": r_mask}
+
+
+def _fit(prompt: list[int], response: list[int], max_length: int, truncation: str, where: str):
+    """``(prompt, response, truncated)`` within ``max_length`` tokens, by ``truncation``."""
+    excess = len(prompt) + len(response) - max_length
+    if excess <= 0:
+        return prompt, response, False
+    if truncation == "left" and excess < len(prompt):
+        return prompt[excess:], response, True
+    if truncation == "right" and excess < len(response):
+        return prompt, response[:-excess], True
+    hint = {"left": "the response alone does not fit with a prompt token: raise data.max_length",
+            "right": "the prompt alone leaves no room for a response token: raise data.max_length"}.get(
+        truncation, "raise data.max_length or set data.truncation=left|right")
+    raise DataError(f"{where}: prompt+response is {len(prompt) + len(response)} tokens, longer than "
+                    f"data.max_length={max_length}: {hint}")
 
 
 def collate_sft(items) -> dict:

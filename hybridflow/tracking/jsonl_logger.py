@@ -1,9 +1,11 @@
 """Append one JSON object per step to `<output_dir>/metrics.jsonl`.
 
-The file is opened in append mode so a resumed run keeps the history of the run it resumes; a
-step logged twice (killed after logging, resumed from an earlier checkpoint) appears twice and
-readers keep the last record (`hybridflow.tracking.plot.read_metrics` does). Every line is
-flushed so `tail -f` and a crash both see complete steps.
+The file is opened in append mode so a resumed run keeps the history of the run it resumes. The
+trainer then calls `drop_after(step)`: a resumed run drops the records its killed predecessor
+logged after the checkpoint (it logs those steps again), a fresh run in a used folder drops
+everything (else its curve would mix two runs). Readers still keep the last record of a step
+(`hybridflow.tracking.plot.read_metrics`). Every line is flushed so `tail -f` and a crash both
+see complete steps.
 """
 from __future__ import annotations
 
@@ -27,6 +29,15 @@ class JsonlLogger:
         record = {"step": step, **metrics}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+
+    def drop_after(self, step: int) -> None:
+        """Keep only the records of steps <= ``step`` (-1: none)."""
+        self._file.close()
+        with open(self.path, encoding="utf-8") as f:
+            kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def finish(self) -> None:
         if not self._file.closed:

@@ -76,6 +76,13 @@ class Tracker:
             self.finish()  # close the ones already opened (files, wandb service)
             raise
 
+    def drop_after(self, step: int) -> None:
+        """Forget what file backends hold past ``step`` (-1: all): called once a run knows where it
+        starts (see ``JsonlLogger.drop_after``)."""
+        for backend in self.backends.values():
+            if hasattr(backend, "drop_after"):
+                backend.drop_after(step)
+
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Log one step. Values are converted to float here, once, for every backend."""
         clean = {key: _as_float(key, value) for key, value in metrics.items()}

@@ -80,6 +80,8 @@ class PPOTrainer:
     def fit(self) -> list[dict]:
         t = self.cfg.trainer
         self._maybe_resume()
+        if not t.val_only and hasattr(self.tracker, "drop_after"):  # a fresh run starts a clean record
+            self.tracker.drop_after(self.global_step or -1)
         history = []
         if self.val_loader is not None and (t.val_only or (t.val_before_train and self.global_step == 0)):
             val = self.validate()

@@ -26,6 +26,8 @@ class SFTTrainer:
 
         t = self.cfg.trainer
         self._maybe_resume()
+        if hasattr(self.tracker, "drop_after"):  # a fresh run starts a clean record
+            self.tracker.drop_after(self.global_step or -1)
         history = []
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="sft", unit="step",
                    disable=not self.progress, dynamic_ncols=True)

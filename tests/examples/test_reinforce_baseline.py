@@ -27,3 +27,4 @@ def test_example_trains_two_steps_with_a_gradient(recipe_assets, tmp_path):  # n
         assert 0.0 <= float(score) <= 1.0 and math.isfinite(float(pg_loss))
         # the graded reward differs within a prompt's samples: the leave-one-out advantage is not 0
         assert float(grad_norm) > 0.0
+    assert os.path.isfile(os.path.join(str(tmp_path), "hf", "model.safetensors")), result.stdout

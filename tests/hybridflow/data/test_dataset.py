@@ -77,8 +77,11 @@ def test_chat_template_applied_with_generation_prompt(tmp_path, char_tokenizer):
     expected = ids_of(tok, "<user>12+7=<a>")
     assert ds[0]["input_ids"][-len(expected):].tolist() == expected
     assert ds[0]["attention_mask"].sum() == len(expected)
-    # a plain string is never templated
+    # a plain string is raw text unless data.apply_chat_template=true asks: then one user message
     assert encode_prompt(tok, "12+7=") == ids_of(tok, "12+7=")
+    assert encode_prompt(tok, "12+7=", apply_chat_template=True) == ids_of(tok, "<user>12+7=<a>")
+    with pytest.raises(DataError, match="data.apply_chat_template=True but the tokenizer has no chat_template"):
+        encode_prompt(char_tokenizer, "12+7=", apply_chat_template=True)
     # data.apply_chat_template_kwargs reach the template's own variables (Qwen3's enable_thinking)
     tok.chat_template = tok.chat_template.replace("<a>", "<a>{% if not think %}=={% endif %}")
     ds = RLPromptDataset.from_config(write(ROWS[:1], tmp_path / "d.jsonl"), tok, {
@@ -203,3 +206,9 @@ def test_reward_fn_key_names_the_column_that_picks_the_reward_function(tmp_path,
     assert ds[0]["data_source"] == "math"
     with pytest.raises(DataError, match="row 0: key 'data_source'"):
         RLPromptDataset(write(rows, tmp_path / "b.jsonl"), char_tokenizer, max_prompt_length=8)
+
+
+def test_an_empty_prompt_is_an_error_naming_the_row(tmp_path, char_tokenizer):
+    rows = [ROWS[0], {"data_source": "raw", "prompt": "", "reward_model": {"ground_truth": "3"}}]
+    with pytest.raises(DataError, match=r"d.jsonl: row 1: key 'prompt' is '', which tokenizes to no tokens"):
+        RLPromptDataset(write(rows, tmp_path / "d.jsonl"), char_tokenizer, max_prompt_length=12)

@@ -39,6 +39,19 @@ def test_jsonl_one_record_per_step_and_resume_appends(tmp_path):
                                                                        (3, 1.0)]
 
 
+def test_a_run_keeps_only_the_steps_before_its_start(tmp_path):
+    _log_steps(Tracker(["jsonl", "console"], "proj", "exp", str(tmp_path), CONFIG))
+    with Tracker("jsonl", "proj", "exp", str(tmp_path), CONFIG) as tracker:  # resumed from step 1
+        tracker.drop_after(1)
+        tracker.log({"critic/score/mean": 0.875}, step=2)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["critic/score/mean"]) for r in records] == [(1, 0.25), (2, 0.875)]
+    with Tracker("jsonl", "proj", "exp", str(tmp_path), CONFIG) as tracker:  # a fresh run, same folder
+        tracker.drop_after(-1)
+        tracker.log({"critic/score/mean": 0.0}, step=1)
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == ['{"step": 1, "critic/score/mean": 0.0}']
+
+
 def test_metric_values_are_converted_to_float_once(tmp_path):
     with Tracker(["jsonl"], "proj", "exp", str(tmp_path), CONFIG) as tracker:
         tracker.log({"a": np.float32(0.5), "b": torch.tensor(2.0), "c": 3}, step=np.int64(7))

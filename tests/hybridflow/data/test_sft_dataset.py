@@ -1,0 +1,61 @@
+"""SFT pairs: each row's prompt + response within data.max_length on its own (one long prompt
+does not squeeze every other row's response), truncation only when asked, the layout the RL
+engine's response log-prob reads."""
+import logging
+
+import pandas as pd
+import pytest
+import torch
+
+from hybridflow.data.dataset import DataError
+from hybridflow.data.sft_dataset import SFTDataset, collate_sft
+
+LONG_PROMPT = "What is 123456789 + 987654321, please?"  # 38 characters: one token each
+
+
+def write(tmp_path, pairs, name="sft.parquet"):
+    path = str(tmp_path / name)
+    pd.DataFrame([{"prompt": p, "response": r} for p, r in pairs]).to_parquet(path, index=False)
+    return path
+
+
+def test_rows_fit_max_length_on_their_own(tmp_path, char_tokenizer):
+    # row 0: 38 + 3 (+EOS) tokens, row 1: 5 + 20 (+EOS): each fits 48, their longest parts do not
+    path = write(tmp_path, [(LONG_PROMPT, "abc"), ("1+2=?", "x" * 20)])
+    ds = SFTDataset(path, char_tokenizer, max_length=48)
+    assert (ds.prompt_length, ds.response_length, ds.truncated) == (38, 21, 0)
+    batch = collate_sft([ds[0], ds[1]])
+    eos = char_tokenizer.eos_token_id
+    assert batch["response_mask"].sum(-1).tolist() == [4, 21]
+    assert batch["responses"][1, :21].tolist() == char_tokenizer("x" * 20)["input_ids"] + [eos]
+    assert batch["attention_mask"].sum(-1).tolist() == [42, 26]
+    assert (batch["position_ids"].max(-1).values < 48).all()  # no row goes past the model's length
+
+
+def test_overlong_row_is_an_error_naming_the_row_unless_truncation_asks(tmp_path, char_tokenizer, caplog):
+    path = write(tmp_path, [("1+2=?", "3"), (LONG_PROMPT, "x" * 20)])
+    with pytest.raises(DataError, match=r"sft.parquet: row 1: prompt\+response is 59 tokens, longer than "
+                                        r"data.max_length=48: raise data.max_length or set data.truncation"):
+        SFTDataset(path, char_tokenizer, max_length=48)
+    with caplog.at_level(logging.WARNING, logger="hybridflow.data.sft_dataset"):
+        left = SFTDataset(path, char_tokenizer, max_length=48, truncation="left")
+    assert "1 of 2 rows truncated" in caplog.text
+    assert left.pairs[1][0] == char_tokenizer(LONG_PROMPT[11:])["input_ids"]  # the prompt's head dropped
+    right = SFTDataset(path, char_tokenizer, max_length=48, truncation="right")
+    assert right.pairs[1][1] == char_tokenizer("x" * 10)["input_ids"]  # the response's tail (and EOS) dropped
+    assert left.pairs[0] == right.pairs[0]  # rows that fit are untouched
+    with pytest.raises(DataError, match="the prompt alone leaves no room"):
+        SFTDataset(path, char_tokenizer, max_length=38, truncation="right")
+
+
+def test_string_prompts_are_templated_when_asked(tmp_path, char_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<a>"
+    path = write(tmp_path, [("1+2=?", "3")])
+    raw, templated = (SFTDataset(path, tok, max_length=32, apply_chat_template=flag).pairs[0][0]
+                      for flag in (None, True))
+    assert raw == tok("1+2=?")["input_ids"]
+    assert templated == tok("<user>1+2=?<a>", add_special_tokens=False)["input_ids"]
+    assert torch.tensor(templated).numel() == len("<user>1+2=?<a>")
