@@ -7,7 +7,8 @@ picks how parameters are laid out over the ranks: sharded (FSDP), HSDP or replic
 Roles:
 
 - ``actor``/``ref``: ``AutoModelForCausalLM``; ``ref`` has no optimizer.
-- ``critic``: ``AutoModelForTokenClassification`` with ``num_labels=1`` loaded from the causal-LM
+- ``critic``: ``AutoModelForTokenClassification`` (or the same head built for an architecture
+  transformers registers none for: ``hf_model.value_model_class``) with ``num_labels=1`` loaded from the causal-LM
   checkpoint: the backbone's weights load under the same ``model.`` prefix, the LM head is dropped
   and a scalar ``score`` head is freshly initialised from ``config.seed`` (identical on every rank).
   Its dropout is set to 0 so values are deterministic. The value of response token ``t`` is read

@@ -10,7 +10,7 @@ from hybridflow.model_overrides import load_hf_config
 
 def load_hf_model(model_path: str, role: str, overrides: dict | None = None,
                    disable_dropout: bool = True) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForCausalLM
 
     config = load_hf_config(model_path, overrides)
     if disable_dropout:
@@ -21,7 +21,7 @@ def load_hf_model(model_path: str, role: str, overrides: dict | None = None,
     if role == "critic":  # after the overrides: the value head needs these whatever they say
         config.num_labels = 1
         config.classifier_dropout = 0.0  # the token-classification head otherwise defaults to 0.1
-        model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=torch.float32, **kwargs)
+        model = value_model_class(config).from_pretrained(model_path, config=config, dtype=torch.float32, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32, **kwargs)
     if disable_dropout:
@@ -42,3 +42,21 @@ def _zero_dropout_settings(config) -> None:
         for key, value in list(vars(cfg).items()):
             if ("dropout" in key or key.endswith("pdrop")) and isinstance(value, float) and value > 0:
                 setattr(cfg, key, 0.0)
+
+
+def value_model_class(config) -> type:
+    """The critic's class: the architecture's ``*ForTokenClassification`` (backbone + a linear score
+    per token). transformers registers one for many causal LMs but not all (OLMo2, ...); for those
+    the same head is put on the architecture's own backbone, as transformers builds its own (its
+    ``GenericForTokenClassification``), where verl falls back to a value-head wrapper. The HF
+    export of such a critic names that class, which transformers' Auto classes do not know."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, PreTrainedModel
+    from transformers.modeling_layers import GenericForTokenClassification
+
+    if type(config) in AutoModelForTokenClassification._model_mapping:
+        return AutoModelForTokenClassification
+    causal = AutoModelForCausalLM._model_mapping[type(config)]
+    base = next(c for c in causal.__mro__[1:] if issubclass(c, PreTrainedModel) and c is not PreTrainedModel)
+    name = causal.__name__.replace("ForCausalLM", "") + "ForTokenClassification"
+    return type(name, (GenericForTokenClassification, base),
+                {"base_model_prefix": base.base_model_prefix, "__module__": causal.__module__})

@@ -1,6 +1,7 @@
 """What an engine's HF model must be so that its log-probs are the vLLM policy's, on architectures
 beyond the Llama family: no dropout (GPT-2 ships 0.1 everywhere), Gemma-2's softcapped attention,
-and MoE weights streamed in the checkpoint's layout rather than transformers 5's fused one."""
+MoE weights streamed in the checkpoint's layout rather than transformers 5's fused one, and a
+critic for a causal LM transformers has no token-classification class for (OLMo2)."""
 import pytest
 import torch
 from safetensors import safe_open
@@ -64,3 +65,18 @@ def test_moe_weights_stream_in_the_checkpoints_layout(tmp_path):
     # a model transformers loads unchanged streams its state_dict as it is
     dense = load_hf_model(_save(tmp_path / "gpt2", "gpt2", n_embd=64, n_layer=1, n_head=2), "actor")
     assert [n for n, _ in in_checkpoint_layout(dense, dense.state_dict().items())] == list(dense.state_dict())
+
+
+def test_a_critic_for_an_architecture_without_a_token_classification_class(tmp_path):
+    from transformers import AutoModel
+
+    path = _save(tmp_path / "olmo2", "olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1)
+    critic = load_hf_model(path, "critic")
+    assert type(critic).__name__ == "Olmo2ForTokenClassification" and critic.config.num_labels == 1
+    backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
+    ids = torch.arange(3, 13).unsqueeze(0)
+    with torch.no_grad():  # the checkpoint's backbone under a new per-token score
+        assert torch.allclose(critic(ids).logits, critic.score(backbone(ids).last_hidden_state), atol=1e-6)
+    assert type(load_hf_model(_save(tmp_path / "gpt2", "gpt2", n_embd=64, n_layer=1, n_head=2),
+                              "critic")).__name__ == "GPT2ForTokenClassification"  # transformers' own
