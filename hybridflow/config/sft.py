@@ -41,6 +41,7 @@ class SFTDataConfig:
 @dataclass
 class SFTModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, exclude_modules
     path: str = path_field("data/models/tiny-qwen2-init")
+    partial_pretrain: str | None = path_field(None)  # verl's SFT name for path; when set, it wins
     tokenizer_path: str | None = path_field(None)
     enable_gradient_checkpointing: bool = False
     strategy: str = "fsdp"
@@ -84,6 +85,8 @@ def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
     from hybridflow.config.load import RESUME_MODES, absolute_path
 
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
+    if sft.model.partial_pretrain:  # a verl SFT script names the model so
+        sft.model.path = sft.model.partial_pretrain
     if sft.trainer.resume_mode not in RESUME_MODES:
         sft.trainer.resume_mode = absolute_path(sft.trainer.resume_mode, base_dir)
     return sft

@@ -171,6 +171,11 @@ def test_sft_recipe_loads_and_rejects_unknown_keys():
         validate_sft(lora, check_paths=False)
 
 
+def test_sft_takes_verls_name_for_the_model():
+    cfg = load_sft_config(compose_config("sft", ["model.partial_pretrain=/models/qwen"], schema=SFTConfig))
+    assert cfg.model.path == "/models/qwen"
+
+
 def test_sft_batch_must_tile_micro_batches_over_workers():
     cfg = load_sft_config({"data": {"train_batch_size": 12, "micro_batch_size_per_gpu": 4},
                            "trainer": {"n_gpus_per_node": 2}})
