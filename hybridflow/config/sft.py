@@ -22,6 +22,12 @@ from hybridflow.config.verl_keys import lora_strategy_errors
 
 
 @dataclass
+class MultiturnConfig:  # verl's data.multiturn: rows are conversations, every assistant turn a target
+    enable: bool = False
+    messages_key: str = "messages"
+
+
+@dataclass
 class SFTDataConfig:
     train_files: list[str] = field(default_factory=lambda: ["data/arithmetic/sft_train.parquet"],
                                    metadata=PATH)
@@ -32,6 +38,7 @@ class SFTDataConfig:
     max_length: int = 64  # prompt + response tokens
     truncation: str = "error"  # error | left | right
     apply_chat_template: bool | None = None
+    multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)
     train_batch_size: int = 32  # sequences per optimizer step
     micro_batch_size_per_gpu: int = 8
     shuffle: bool = True

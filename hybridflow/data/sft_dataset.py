@@ -15,6 +15,7 @@ import logging
 import torch
 
 from hybridflow.data.dataset import DataError, encode_prompt, left_pad, pad_token_id, read_rows
+from hybridflow.data.multiturn import encode_conversation
 
 logger = logging.getLogger(__name__)
 
@@ -23,57 +24,74 @@ SFT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "
 
 class SFTDataset(torch.utils.data.Dataset):
     def __init__(self, files, tokenizer, *, prompt_key: str = "prompt", response_key: str = "response",
-                 max_length: int = 64, apply_chat_template: bool | None = None, truncation: str = "error"):
+                 max_length: int = 64, apply_chat_template: bool | None = None, truncation: str = "error",
+                 messages_key: str | None = None):
+        """``messages_key`` set: each row is a conversation (verl's ``data.multiturn``), every
+        assistant turn a target (``hybridflow/data/multiturn.py``); else a prompt/response pair."""
         files = [files] if isinstance(files, str) else list(files)
         if tokenizer.eos_token_id is None:
             raise DataError("SFT needs a tokenizer with an eos_token: responses must teach the model to stop")
         self.pad_id = pad_token_id(tokenizer)
-        pairs = []
+        rows = []
         for path in files:
             for i, row in enumerate(read_rows(path)):
-                for key in (prompt_key, response_key):
-                    if key not in row:
-                        raise DataError(f"{path}: row {i}: missing key {key!r} (data.prompt_key / data.response_key)")
-                if not isinstance(row[response_key], str):
-                    raise DataError(f"{path}: row {i}: key {response_key!r} must be a string")
-                prompt = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
-                response = list(tokenizer(row[response_key], add_special_tokens=False)["input_ids"])
-                response.append(tokenizer.eos_token_id)
-                pairs.append(_fit(prompt, response, max_length, truncation, f"{path}: row {i}"))
-        if not pairs:
+                where = f"{path}: row {i}"
+                if messages_key is not None:
+                    if messages_key not in row:
+                        raise DataError(f"{where}: missing key {messages_key!r} (data.multiturn.messages_key)")
+                    prompt, response, loss = encode_conversation(tokenizer, row[messages_key], where)
+                else:
+                    prompt, response = self._pair(tokenizer, row, prompt_key, response_key, apply_chat_template,
+                                                  where)
+                    loss = [1] * len(response)
+                rows.append(_fit(prompt, response, loss, max_length, truncation, where))
+        if not rows:
             raise DataError(f"no SFT rows in {files}")
-        self.truncated = sum(1 for _, _, cut in pairs if cut)
+        self.truncated = sum(1 for *_, cut in rows if cut)
         if self.truncated:
             logger.warning("SFT data: %d of %d rows truncated to data.max_length=%d (data.truncation=%s)",
-                           self.truncated, len(pairs), max_length, truncation)
-        self.pairs = [(p, r) for p, r, _ in pairs]
-        self.prompt_length = max(len(p) for p, _ in self.pairs)
-        self.response_length = max(len(r) for _, r in self.pairs)
+                           self.truncated, len(rows), max_length, truncation)
+        self.rows = [(p, r, m) for p, r, m, _ in rows]
+        self.prompt_length = max(len(p) for p, _, _ in self.rows)
+        self.response_length = max(len(r) for _, r, _ in self.rows)
+
+    @staticmethod
+    def _pair(tokenizer, row, prompt_key, response_key, apply_chat_template, where):
+        for key in (prompt_key, response_key):
+            if key not in row:
+                raise DataError(f"{where}: missing key {key!r} (data.prompt_key / data.response_key)")
+        if not isinstance(row[response_key], str):
+            raise DataError(f"{where}: key {response_key!r} must be a string")
+        prompt = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
+        response = list(tokenizer(row[response_key], add_special_tokens=False)["input_ids"])
+        return prompt, response + [tokenizer.eos_token_id]
 
     def __len__(self) -> int:
-        return len(self.pairs)
+        return len(self.rows)
 
     def __getitem__(self, index: int) -> dict:
-        prompt, response = self.pairs[index]
+        prompt, response, loss = self.rows[index]
         p_ids, p_mask, _ = left_pad(prompt, self.prompt_length, self.pad_id)
         r_ids = torch.full((self.response_length,), self.pad_id, dtype=torch.long)
         r_mask = torch.zeros(self.response_length, dtype=torch.long)
+        r_loss = torch.zeros(self.response_length, dtype=torch.long)
         r_ids[: len(response)] = torch.tensor(response)
         r_mask[: len(response)] = 1
+        r_loss[: len(response)] = torch.tensor(loss)
         mask = torch.cat([p_mask, r_mask])
         return {"input_ids": torch.cat([p_ids, r_ids]), "attention_mask": mask,
-                "position_ids": (mask.cumsum(0) - 1).clamp(min=0), "responses": r_ids, "response_mask": r_mask}
+                "position_ids": (mask.cumsum(0) - 1).clamp(min=0), "responses": r_ids, "response_mask": r_loss}
 
 
-def _fit(prompt: list[int], response: list[int], max_length: int, truncation: str, where: str):
-    """``(prompt, response, truncated)`` within ``max_length`` tokens, by ``truncation``."""
+def _fit(prompt: list[int], response: list[int], loss: list[int], max_length: int, truncation: str, where: str):
+    """``(prompt, response, loss_mask, truncated)`` within ``max_length`` tokens, by ``truncation``."""
     excess = len(prompt) + len(response) - max_length
     if excess <= 0:
-        return prompt, response, False
+        return prompt, response, loss, False
     if truncation == "left" and excess < len(prompt):
-        return prompt[excess:], response, True
-    if truncation == "right" and excess < len(response):
-        return prompt, response[:-excess], True
+        return prompt[excess:], response, loss, True
+    if truncation == "right" and excess < len(response) and any(loss[:-excess]):
+        return prompt, response[:-excess], loss[:-excess], True
     hint = {"left": "the response alone does not fit with a prompt token: raise data.max_length",
             "right": "the prompt alone leaves no room for a response token: raise data.max_length"}.get(
         truncation, "raise data.max_length or set data.truncation=left|right")

@@ -45,5 +45,8 @@ def parse_ground_truth(ground_truth: object) -> int:
 
 
 def compute_score(solution_str: str, ground_truth: object) -> float:
+    # the ground truth first: a bad one must raise on every sample (the reward manager then stops
+    # the run), not only on those whose response happens to hold an integer
+    truth = parse_ground_truth(ground_truth)
     answer = extract_answer(solution_str)
-    return 1.0 if answer is not None and answer == parse_ground_truth(ground_truth) else 0.0
+    return 1.0 if answer is not None and answer == truth else 0.0

@@ -46,10 +46,10 @@ def extract_answer(solution_str: str, method: str = "strict") -> str | None:
 
 def compute_score(solution_str: str, ground_truth: object, method: str = "strict",
                   format_score: float = 0.0, score: float = 1.0) -> float:
+    truth = _normalise(str(ground_truth))  # first: a bad ground truth raises on every sample
+    if truth is None:
+        raise ValueError(f"gsm8k ground_truth must be a number, got {ground_truth!r}")
     answer = extract_answer(solution_str, method)
     if answer is None:
         return 0.0
-    truth = _normalise(str(ground_truth))
-    if truth is None:
-        raise ValueError(f"gsm8k ground_truth must be a number, got {ground_truth!r}")
     return score if _normalise(answer) == truth else format_score

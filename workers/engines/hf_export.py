@@ -70,6 +70,8 @@ def write_hf_checkpoint(path: str, tensors: Iterable[tuple[str, torch.Tensor]], 
     save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     config = copy.deepcopy(hf_config)
     config.architectures = [architecture]
+    if getattr(config, "use_cache", None) is False:  # the engines train without it; generate() wants it
+        config.use_cache = True
     config.save_pretrained(path)
     if source_dir is not None:
         copy_tokenizer_files(source_dir, path)

@@ -40,10 +40,10 @@ def test_overlong_row_is_an_error_naming_the_row_unless_truncation_asks(tmp_path
     with caplog.at_level(logging.WARNING, logger="hybridflow.data.sft_dataset"):
         left = SFTDataset(path, char_tokenizer, max_length=48, truncation="left")
     assert "1 of 2 rows truncated" in caplog.text
-    assert left.pairs[1][0] == char_tokenizer(LONG_PROMPT[11:])["input_ids"]  # the prompt's head dropped
+    assert left.rows[1][0] == char_tokenizer(LONG_PROMPT[11:])["input_ids"]  # the prompt's head dropped
     right = SFTDataset(path, char_tokenizer, max_length=48, truncation="right")
-    assert right.pairs[1][1] == char_tokenizer("x" * 10)["input_ids"]  # the response's tail (and EOS) dropped
-    assert left.pairs[0] == right.pairs[0]  # rows that fit are untouched
+    assert right.rows[1][1] == char_tokenizer("x" * 10)["input_ids"]  # the response's tail (and EOS) dropped
+    assert left.rows[0] == right.rows[0]  # rows that fit are untouched
     with pytest.raises(DataError, match="the prompt alone leaves no room"):
         SFTDataset(path, char_tokenizer, max_length=38, truncation="right")
 
@@ -54,8 +54,52 @@ def test_string_prompts_are_templated_when_asked(tmp_path, char_tokenizer):
     tok = copy.deepcopy(char_tokenizer)
     tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<a>"
     path = write(tmp_path, [("1+2=?", "3")])
-    raw, templated = (SFTDataset(path, tok, max_length=32, apply_chat_template=flag).pairs[0][0]
+    raw, templated = (SFTDataset(path, tok, max_length=32, apply_chat_template=flag).rows[0][0]
                       for flag in (None, True))
     assert raw == tok("1+2=?")["input_ids"]
     assert templated == tok("<user>1+2=?<a>", add_special_tokens=False)["input_ids"]
     assert torch.tensor(templated).numel() == len("<user>1+2=?<a>")
+
+
+CHATML = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}|{% endfor %}"
+          "{% if add_generation_prompt %}<assistant>{% endif %}")
+CONVERSATION = [{"role": "system", "content": "add"}, {"role": "user", "content": "1+2"},
+                {"role": "assistant", "content": "3"}, {"role": "user", "content": "+4"},
+                {"role": "assistant", "content": "7"}]
+
+
+def _chat_tokenizer(char_tokenizer, template=CHATML):
+    import copy
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = template
+    return tok
+
+
+def test_multiturn_rows_train_on_every_assistant_turn(tmp_path, char_tokenizer):
+    tok = _chat_tokenizer(char_tokenizer)
+    path = str(tmp_path / "chat.parquet")
+    pd.DataFrame([{"messages": CONVERSATION}]).to_parquet(path, index=False)
+    ds = SFTDataset(path, tok, max_length=64, messages_key="messages")
+    item = ds[0]
+    text = tok.decode(item["input_ids"][item["attention_mask"].bool()].tolist())
+    assert text == "<system>add|<user>1+2|<assistant>3|<user>+4|<assistant>7|"
+    assert tok.decode(item["input_ids"][:ds.prompt_length][-len("<assistant>"):].tolist()) == "<assistant>"
+    # the loss covers each assistant answer and its end-of-turn marker, nothing of the user's turns
+    targets = item["responses"][item["response_mask"].bool()].tolist()
+    assert tok.decode(targets) == "3|7|"
+    with pytest.raises(DataError, match="row 0: missing key 'turns'"):
+        SFTDataset(path, tok, max_length=64, messages_key="turns")
+
+
+def test_multiturn_needs_an_assistant_turn_and_a_prefix_stable_template(tmp_path, char_tokenizer):
+    path = str(tmp_path / "chat.parquet")
+    pd.DataFrame([{"messages": CONVERSATION[:2]}]).to_parquet(path, index=False)
+    with pytest.raises(DataError, match="no assistant message to train on"):
+        SFTDataset(path, _chat_tokenizer(char_tokenizer), max_length=64, messages_key="messages")
+    pd.DataFrame([{"messages": CONVERSATION}]).to_parquet(path, index=False)
+    last_only = "{% for m in messages %}{% if loop.last %}<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(DataError, match="does not render turn 2 as a prefix"):
+        SFTDataset(path, _chat_tokenizer(char_tokenizer, last_only), max_length=64, messages_key="messages")
+    with pytest.raises(DataError, match="needs a tokenizer with a chat template"):
+        SFTDataset(path, char_tokenizer, max_length=64, messages_key="messages")

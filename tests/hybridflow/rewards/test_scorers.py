@@ -27,6 +27,11 @@ def test_arithmetic_bad_ground_truth_raises():
         arithmetic.compute_score("= 3", "3.5")
     with pytest.raises(ValueError, match="must be an integer"):
         arithmetic.compute_score("= 3", "three")
+    # also when the response holds no answer: a bad data set fails on every sample, not on some
+    with pytest.raises(ValueError, match="must be an integer"):
+        arithmetic.compute_score("no idea", "abc")
+    with pytest.raises(ValueError, match="gsm8k ground_truth must be a number"):
+        gsm8k.compute_score("no idea", "abc")
 
 
 GSM_RESPONSE = (

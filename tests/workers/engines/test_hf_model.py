@@ -80,3 +80,16 @@ def test_a_critic_for_an_architecture_without_a_token_classification_class(tmp_p
         assert torch.allclose(critic(ids).logits, critic.score(backbone(ids).last_hidden_state), atol=1e-6)
     assert type(load_hf_model(_save(tmp_path / "gpt2", "gpt2", n_embd=64, n_layer=1, n_head=2),
                               "critic")).__name__ == "GPT2ForTokenClassification"  # transformers' own
+
+
+def test_an_hf_export_generates_with_its_cache(gpt2, tmp_path):
+    from transformers import AutoConfig
+
+    from workers.engines.hf_export import write_hf_checkpoint
+
+    model = load_hf_model(gpt2, "actor")
+    model.config.use_cache = False  # as the engines set it for training
+    tensors = [(n, t) for n, t in model.state_dict().items() if n != "lm_head.weight"]  # tied: as the engine streams
+    write_hf_checkpoint(str(tmp_path / "hf"), tensors, model.config, "GPT2LMHeadModel", gpt2)
+    assert AutoConfig.from_pretrained(str(tmp_path / "hf")).use_cache is True
+    assert model.config.use_cache is False  # the engine's own config is left as it was
