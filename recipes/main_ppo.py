@@ -94,11 +94,27 @@ def read_inputs(cfg) -> RunInputs:
             raise CheckpointError(f"{resume[0]}: {err}") from err
     val_loader = (ResumablePromptLoader(val_ds, data.val_batch_size or len(val_ds), shuffle=False, drop_last=False)
                   if val_ds is not None else None)
+    if not cfg.custom_reward_function.path and not cfg.reward_model.enable:
+        _check_built_in_rewards(data, train_ds, val_ds)
     overlong = cfg.reward_model.overlong_buffer
     reward = make_reward_manager(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
                                  cfg.custom_reward_function.reward_kwargs, manager=cfg.reward_model.reward_manager,
                                  overlong_buffer=(overlong.len, overlong.penalty_factor) if overlong.enable else None)
     return RunInputs(tokenizer, derive(cfg, dataset_len=len(train_ds)), train_loader, val_loader, reward)
+
+
+def _check_built_in_rewards(data, train_ds, val_ds) -> None:
+    """Without a reward function of the user's, every row's data source needs a built-in scorer:
+    found out here, not when the first batch holding one is scored."""
+    from hybridflow.data.dataset import DataError
+    from hybridflow.rewards import RULE_SCORERS
+
+    for key, ds in (("data.train_files", train_ds), ("data.val_files", val_ds)):
+        unknown = sorted(map(str, ds.data_sources() - set(RULE_SCORERS))) if ds is not None else []
+        if unknown:
+            raise DataError(f"{key}: no built-in reward for {data.reward_fn_key} {unknown} (known: "
+                            f"{sorted(RULE_SCORERS)}): set custom_reward_function.path to a file defining "
+                            "compute_score(data_source, solution_str, ground_truth, extra_info=None)")
 
 
 def run(cfg, inputs: RunInputs | None = None) -> dict:

@@ -256,6 +256,10 @@ class RLPromptDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._rows)
 
+    def data_sources(self) -> set:
+        """The values of the column that picks each row's reward function (``reward_fn_key``)."""
+        return {row[self.reward_fn_key] for row in self._rows}
+
     def prompt_ids(self, index: int) -> list[int]:
         """The unpadded token ids of row ``index``."""
         return list(self._ids[index])

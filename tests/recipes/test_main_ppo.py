@@ -274,6 +274,23 @@ def _jsonl_with_a_row_missing_its_prompt(path) -> str:
     return str(path)
 
 
+def test_a_data_source_without_a_built_in_reward_is_named_before_ray(tmp_path):
+    from types import SimpleNamespace
+
+    from hybridflow.data import RLPromptDataset
+    from hybridflow.data.dataset import DataError
+    from hybridflow.tiny import make_char_tokenizer
+    from recipes.main_ppo import _check_built_in_rewards
+
+    rows = [{"data_source": source, "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
+            for source in ("arithmetic", "openai/gsm8k", "my_task")]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds = RLPromptDataset(str(path), make_char_tokenizer(), max_prompt_length=8)
+    with pytest.raises(DataError, match=r"data.val_files: no built-in reward for data_source \['my_task'\]"):
+        _check_built_in_rewards(SimpleNamespace(reward_fn_key="data_source"), None, ds)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["bad_row", "reward_name", "batch_over_data"])
 def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, case):
