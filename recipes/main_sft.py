@@ -43,7 +43,8 @@ def run(cfg) -> dict:
     tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
     kw = dict(prompt_key=d.prompt_key, response_key=d.response_key, max_length=d.max_length,
               apply_chat_template=d.apply_chat_template, truncation=d.truncation,
-              messages_key=d.multiturn.messages_key if d.multiturn.enable else None)
+              messages_key=d.multiturn.messages_key if d.multiturn.enable else None,
+              prompt_dict_keys=d.prompt_dict_keys, response_dict_keys=d.response_dict_keys)
     train_ds = SFTDataset(d.train_files, tokenizer, **kw)
     val_ds = SFTDataset(d.val_files, tokenizer, **kw) if d.val_files else None
     train_loader = ResumablePromptLoader(train_ds, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,

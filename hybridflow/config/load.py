@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_inert import is_inert, pop_inert_keys
+from hybridflow.config.verl_inert import inert_keys, is_inert, pop_inert_keys
 
 T = TypeVar("T")
 # Top-level nodes Hydra itself may leave in a composed config.
@@ -106,7 +106,7 @@ def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:
         raise ConfigError(f"the config must be a mapping of sections, got {type(data).__name__}")
     data = {k: v for k, v in data.items() if k not in IGNORED_TOP_LEVEL}
     valid = dotted_keys(cls)
-    inert_errors = pop_inert_keys(data, valid) if cls is RootConfig else []
+    inert_errors = pop_inert_keys(data, valid, inert_keys(cls))
     builder = _Builder(valid)
     result = builder.build(cls, data, "")
     if builder.errors or inert_errors:
@@ -138,8 +138,8 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
     from hydra.errors import HydraException
 
     # verl's inert keys are not in the recipes' YAML: let Hydra add them ("++" adds or replaces)
-    overrides = [f"++{o.lstrip('+')}" if schema is RootConfig and is_inert(_override_key(o) or "") else o
-                 for o in overrides]
+    inert = inert_keys(schema)
+    overrides = [f"++{o.lstrip('+')}" if is_inert(_override_key(o) or "", inert) else o for o in overrides]
     try:
         with initialize_config_dir(config_dir=config_dir or RECIPES_CONFIG_DIR, version_base=None):
             return compose(config_name=config_name, overrides=overrides)
@@ -148,7 +148,7 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
         messages = []
         for override in overrides:
             key = _override_key(override)
-            if key is None or key in valid or is_inert(key):
+            if key is None or key in valid or is_inert(key, inert):
                 continue
             mapping = next((m for m in mappings if key.startswith(m + ".")), None)
             if mapping is None:

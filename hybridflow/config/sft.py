@@ -35,6 +35,8 @@ class SFTDataConfig:
                                  metadata=PATH)
     prompt_key: str = "prompt"  # a string or a list of chat messages
     response_key: str = "response"  # a string
+    prompt_dict_keys: list[str] | None = None  # verl's: keys into a dict column, e.g. [question]
+    response_dict_keys: list[str] | None = None
     max_length: int = 64  # prompt + response tokens
     truncation: str = "error"  # error | left | right
     apply_chat_template: bool | None = None

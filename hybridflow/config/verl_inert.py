@@ -120,8 +120,41 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
 }
 
 
-def is_inert(key: str) -> bool:
-    return key in INERT_KEYS
+# the SFT recipe's (verl's fsdp_sft_trainer.yaml)
+SFT_INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
+    "use_remove_padding": (ANY, "speed only; micro-batches are cut to their longest row"),
+    "ulysses_sequence_parallel_size": _ULYSSES,
+    "data.balance_dp_token": (ANY, "speed only"),
+    "data.use_shm": (ANY, "files are read from where they are"),
+    "data.chat_template": ((None,), "the tokenizer's template is used; change it in the tokenizer's files"),
+    "data.custom_cls.path": ((None,), "a custom dataset class is not supported; rows are read by "
+                                      "hybridflow.data.sft_dataset"),
+    "data.custom_cls.name": ((None,), "see data.custom_cls.path"),
+    "data.multiturn.tools_key": (ANY, "tool schemas are not passed to the chat template"),
+    "data.multiturn.enable_thinking_key": (ANY, "per-row thinking switches are not read"),
+    "model.use_shm": (ANY, "the model is read from where it is"),
+    "model.external_lib": ((None,), "not implemented for SFT; use the RL recipe's model.external_lib"),
+    "model.trust_remote_code": ((False,), "remote model code is not run"),
+    "model.use_liger": ((False,), "Liger kernels are not used"),
+    **_fsdp("model.fsdp_config", "model.param_dtype"),
+    "model.fsdp_config.cpu_offload": ((False,), "use model.fsdp_config.param_offload / optimizer_offload"),
+    "model.fsdp_config.offload_params": ((False,), "use model.fsdp_config.param_offload"),
+    "trainer.default_hdfs_dir": ((None,), "checkpoints stay in trainer.default_local_dir"),
+    "trainer.checkpoint.save_contents": (ANY, "SFT checkpoints hold model, optimizer and extra state"),
+    "trainer.checkpoint.load_contents": (ANY, "see trainer.checkpoint.save_contents"),
+}
+
+
+def inert_keys(schema: type) -> dict[str, tuple[tuple | None, str]]:
+    """The inert keys of a recipe's config schema (none for a schema of another kind)."""
+    from hybridflow.config.root import RootConfig
+    from hybridflow.config.sft import SFTConfig
+
+    return {RootConfig: INERT_KEYS, SFTConfig: SFT_INERT_KEYS}.get(schema, {})
+
+
+def is_inert(key: str, keys: dict | None = None) -> bool:
+    return key in (INERT_KEYS if keys is None else keys)
 
 
 def _word(value: Any) -> str:
@@ -130,12 +163,12 @@ def _word(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def pop_inert_keys(tree: dict, schema_keys: Iterable[str]) -> list[str]:
+def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict | None = None) -> list[str]:
     """Remove every inert key from a plain config tree (in place); return one error per key set to
     a value it is not accepted at. A section left empty is removed too when the schema does not
     have it (``data.custom_cls`` exists only for its inert keys)."""
     errors, known = [], set(schema_keys)
-    for dotted, (accepted, why) in INERT_KEYS.items():
+    for dotted, (accepted, why) in (INERT_KEYS if keys is None else keys).items():
         *parents, leaf = dotted.split(".")
         chain, node = [], tree
         for part in parents:

@@ -25,9 +25,11 @@ SFT_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "
 class SFTDataset(torch.utils.data.Dataset):
     def __init__(self, files, tokenizer, *, prompt_key: str = "prompt", response_key: str = "response",
                  max_length: int = 64, apply_chat_template: bool | None = None, truncation: str = "error",
-                 messages_key: str | None = None):
+                 messages_key: str | None = None, prompt_dict_keys=None, response_dict_keys=None):
         """``messages_key`` set: each row is a conversation (verl's ``data.multiturn``), every
-        assistant turn a target (``hybridflow/data/multiturn.py``); else a prompt/response pair."""
+        assistant turn a target (``hybridflow/data/multiturn.py``); else a prompt/response pair.
+        ``*_dict_keys`` (verl's): the column holds a dict, and these keys lead to the text inside
+        (``prompt_key=extra_info, prompt_dict_keys=[question]`` reads ``row["extra_info"]["question"]``)."""
         files = [files] if isinstance(files, str) else list(files)
         if tokenizer.eos_token_id is None:
             raise DataError("SFT needs a tokenizer with an eos_token: responses must teach the model to stop")
@@ -41,8 +43,8 @@ class SFTDataset(torch.utils.data.Dataset):
                         raise DataError(f"{where}: missing key {messages_key!r} (data.multiturn.messages_key)")
                     prompt, response, loss = encode_conversation(tokenizer, row[messages_key], where)
                 else:
-                    prompt, response = self._pair(tokenizer, row, prompt_key, response_key, apply_chat_template,
-                                                  where)
+                    prompt, response = self._pair(tokenizer, row, (prompt_key, prompt_dict_keys),
+                                                  (response_key, response_dict_keys), apply_chat_template, where)
                     loss = [1] * len(response)
                 rows.append(_fit(prompt, response, loss, max_length, truncation, where))
         if not rows:
@@ -56,14 +58,12 @@ class SFTDataset(torch.utils.data.Dataset):
         self.response_length = max(len(r) for _, r, _ in self.rows)
 
     @staticmethod
-    def _pair(tokenizer, row, prompt_key, response_key, apply_chat_template, where):
-        for key in (prompt_key, response_key):
-            if key not in row:
-                raise DataError(f"{where}: missing key {key!r} (data.prompt_key / data.response_key)")
-        if not isinstance(row[response_key], str):
-            raise DataError(f"{where}: key {response_key!r} must be a string")
-        prompt = encode_prompt(tokenizer, row[prompt_key], apply_chat_template)
-        response = list(tokenizer(row[response_key], add_special_tokens=False)["input_ids"])
+    def _pair(tokenizer, row, prompt_keys, response_keys, apply_chat_template, where):
+        prompt_text, response_text = _field(row, *prompt_keys, where), _field(row, *response_keys, where)
+        if not isinstance(response_text, str):
+            raise DataError(f"{where}: the response ({_path(*response_keys)}) must be a string")
+        prompt = encode_prompt(tokenizer, prompt_text, apply_chat_template)
+        response = list(tokenizer(response_text, add_special_tokens=False)["input_ids"])
         return prompt, response + [tokenizer.eos_token_id]
 
     def __len__(self) -> int:
@@ -81,6 +81,20 @@ class SFTDataset(torch.utils.data.Dataset):
         mask = torch.cat([p_mask, r_mask])
         return {"input_ids": torch.cat([p_ids, r_ids]), "attention_mask": mask,
                 "position_ids": (mask.cumsum(0) - 1).clamp(min=0), "responses": r_ids, "response_mask": r_loss}
+
+
+def _path(key: str, dict_keys) -> str:
+    return ".".join([key, *(dict_keys or [])])
+
+
+def _field(row, key: str, dict_keys, where: str):
+    value = row
+    for part in [key, *(dict_keys or [])]:
+        if not isinstance(value, dict) or part not in value:
+            raise DataError(f"{where}: missing key {_path(key, dict_keys)!r} (data.prompt_key / data.response_key"
+                            + (", data.*_dict_keys)" if dict_keys else ")"))
+        value = value[part]
+    return value
 
 
 def _fit(prompt: list[int], response: list[int], loss: list[int], max_length: int, truncation: str, where: str):

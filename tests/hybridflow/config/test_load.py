@@ -176,6 +176,16 @@ def test_sft_takes_verls_name_for_the_model():
     assert cfg.model.path == "/models/qwen"
 
 
+def test_sft_runs_a_verl_sft_scripts_keys():
+    cfg = load_sft_config(compose_config("sft", [
+        "use_remove_padding=true", "ulysses_sequence_parallel_size=1", "data.prompt_key=extra_info",
+        "data.prompt_dict_keys=[question]", "+data.response_dict_keys=[answer]", "model.trust_remote_code=false",
+        "trainer.default_hdfs_dir=null"], schema=SFTConfig))
+    assert cfg.data.prompt_dict_keys == ["question"] and cfg.data.response_dict_keys == ["answer"]
+    with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size=2: Ulysses sequence parallelism is not"):
+        load_sft_config(compose_config("sft", ["ulysses_sequence_parallel_size=2"], schema=SFTConfig))
+
+
 def test_sft_batch_must_tile_micro_batches_over_workers():
     cfg = load_sft_config({"data": {"train_batch_size": 12, "micro_batch_size_per_gpu": 4},
                            "trainer": {"n_gpus_per_node": 2}})

@@ -103,3 +103,16 @@ def test_multiturn_needs_an_assistant_turn_and_a_prefix_stable_template(tmp_path
         SFTDataset(path, _chat_tokenizer(char_tokenizer, last_only), max_length=64, messages_key="messages")
     with pytest.raises(DataError, match="needs a tokenizer with a chat template"):
         SFTDataset(path, char_tokenizer, max_length=64, messages_key="messages")
+
+
+def test_prompt_and_response_inside_a_dict_column(tmp_path, char_tokenizer):
+    # verl's GSM8K SFT layout: data.prompt_key=extra_info data.prompt_dict_keys=[question]
+    path = str(tmp_path / "gsm.parquet")
+    pd.DataFrame([{"extra_info": {"question": "1+2=?", "answer": "3"}}]).to_parquet(path, index=False)
+    ds = SFTDataset(path, char_tokenizer, max_length=32, prompt_key="extra_info", response_key="extra_info",
+                    prompt_dict_keys=["question"], response_dict_keys=["answer"])
+    prompt, response, _ = ds.rows[0]
+    assert prompt == char_tokenizer("1+2=?")["input_ids"]
+    assert response == char_tokenizer("3")["input_ids"] + [char_tokenizer.eos_token_id]
+    with pytest.raises(DataError, match=r"row 0: missing key 'extra_info.query'"):
+        SFTDataset(path, char_tokenizer, max_length=32, prompt_key="extra_info", prompt_dict_keys=["query"])
