@@ -33,16 +33,19 @@ def encode_conversation(tokenizer, messages: Sequence[Mapping], where: str,
     kwargs = dict(template_kwargs or {})
     full = _ids(tokenizer, messages, False, kwargs)
     spans = []
+    if messages[0]["role"] == "assistant":  # its header cannot be told apart: no conversation before it
+        raise DataError(f"{where}: the conversation opens with an assistant turn; open it with a system or "
+                        "user message")
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = len(_ids(tokenizer, messages[:i], True, kwargs)) if i else 0
-        end = len(_ids(tokenizer, messages[:i + 1], False, kwargs))
+        before = _ids(tokenizer, messages[:i], True, kwargs)  # up to and with the assistant header
         head = _ids(tokenizer, messages[:i + 1], False, kwargs)
-        if full[:end] != head or start > end:  # e.g. a template that rewrites earlier turns
+        if full[:len(head)] != head or full[:len(before)] != before or len(before) > len(head):
+            # e.g. a template that rewrites earlier turns once later ones exist
             raise DataError(f"{where}: the chat template does not render turn {i} as a prefix of the whole "
                             "conversation, so its assistant tokens cannot be located")
-        spans.append((start, end))
+        spans.append((len(before), len(head)))
     if not spans:
         raise DataError(f"{where}: the conversation has no assistant message to train on")
     first = spans[0][0]

@@ -88,6 +88,10 @@ def test_multiturn_rows_train_on_every_assistant_turn(tmp_path, char_tokenizer):
     # the loss covers each assistant answer and its end-of-turn marker, nothing of the user's turns
     targets = item["responses"][item["response_mask"].bool()].tolist()
     assert tok.decode(targets) == "3|7|"
+    opens = str(tmp_path / "opens.parquet")
+    pd.DataFrame([{"messages": CONVERSATION[2:]}]).to_parquet(opens, index=False)
+    with pytest.raises(DataError, match="row 0: the conversation opens with an assistant turn"):
+        SFTDataset(opens, tok, max_length=64, messages_key="messages")
     with pytest.raises(DataError, match="row 0: missing key 'turns'"):
         SFTDataset(path, tok, max_length=64, messages_key="turns")
 
