@@ -28,6 +28,11 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def uses_gpu(requested: str) -> bool:
+    """Whether a run with ``trainer.device=requested`` (auto | cpu | cuda) runs on GPUs."""
+    return requested == "cuda" or (requested == "auto" and device_type() == "cuda")
+
+
 def dist_backend() -> str:
     return "nccl" if device_type() == "cuda" else "gloo"
 

