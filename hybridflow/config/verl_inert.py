@@ -153,8 +153,8 @@ def inert_keys(schema: type) -> dict[str, tuple[tuple | None, str]]:
     return {RootConfig: INERT_KEYS, SFTConfig: SFT_INERT_KEYS}.get(schema, {})
 
 
-def is_inert(key: str, keys: dict | None = None) -> bool:
-    return key in (INERT_KEYS if keys is None else keys)
+def is_inert(key: str, keys: dict) -> bool:
+    return key in keys
 
 
 def _word(value: Any) -> str:
@@ -163,12 +163,12 @@ def _word(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict | None = None) -> list[str]:
+def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict) -> list[str]:
     """Remove every inert key from a plain config tree (in place); return one error per key set to
     a value it is not accepted at. A section left empty is removed too when the schema does not
     have it (``data.custom_cls`` exists only for its inert keys)."""
     errors, known = [], set(schema_keys)
-    for dotted, (accepted, why) in (INERT_KEYS if keys is None else keys).items():
+    for dotted, (accepted, why) in keys.items():
         *parents, leaf = dotted.split(".")
         chain, node = [], tree
         for part in parents:
