@@ -89,25 +89,30 @@ def use_live_weights(worker) -> str | None:
     vLLM post-processes); the linears are then packed as a stock build packs them, and the caller
     keeps vLLM's reload.
     """
+    model = worker.model_runner.get_model()
+    why = _why_not_live(model)
+    if why:
+        _stock_linears(model)
+        return why
+    _repack(_gemm_layers(model))
+    return None
+
+
+def _why_not_live(model) -> str | None:
+    """The first layer live weights cannot serve, and why; None when they serve every layer."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-    model = worker.model_runner.get_model()
-    why = None
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizeMethodBase) and not isinstance(
                 method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
-            why = f"{name} uses {type(method).__name__}, whose weights vLLM post-processes"
-        elif hasattr(module, "cpu_linear"):
+            return f"{name} uses {type(method).__name__}, whose weights vLLM post-processes"
+        if hasattr(module, "cpu_linear"):
             weight = getattr(module, "weight", None)
             if weight is None or weight.is_meta or weight.numel() == 0 or weight.ndim != 2:
-                why = f"{name} ({type(module).__name__}) kept no plain 2-D weight"
-        if why:
-            _stock_linears(model)
-            return why
-    _repack(_gemm_layers(model))
+                return f"{name} ({type(module).__name__}) kept no plain 2-D weight"
     return None
 
 
