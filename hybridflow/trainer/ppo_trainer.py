@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from hybridflow.algorithms import apply_kl_penalty, compute_advantage, get_advantage_estimator, make_kl_controller
+from hybridflow.algorithms import apply_kl_penalty, combine_metric, compute_advantage, get_advantage_estimator, make_kl_controller
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
@@ -25,6 +25,7 @@ from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.reward_process import RewardProcess, score_batch
+from hybridflow.trainer.val_metrics import validation_metrics
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
 )
@@ -257,10 +258,11 @@ class PPOTrainer:
         b["advantages"], b["returns"] = adv, ret
 
     def validate(self) -> dict:
-        """Greedy (by default) generation on the whole validation set; val/score/mean."""
+        """Greedy (by default) generation on the whole validation set; val/score/mean, and with
+        ``val_kwargs.n > 1`` mean@N, best@N, ... (trainer/val_metrics.py)."""
         vk, t = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer
         keep = t.log_val_generations
-        scores, sources, samples = [], [], []  # samples: text rows for log_val_generations / validation_data_dir
+        scores, sources, extras, samples = [], [], [], []  # samples: text rows for log_val_generations / validation_data_dir
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -277,14 +279,12 @@ class PPOTrainer:
                                            limit=wanted)
             scores += batch_scores
             sources += list(rep.non_tensor_batch["data_source"])
+            extras.append(extra)
         if keep:
             write_val_generations(t.default_local_dir, self.global_step, samples[:keep])
         if t.validation_data_dir:
             dump_generations(t.validation_data_dir, self.global_step, samples)
-        result = {"val/score/mean": float(np.mean(scores))}
-        for src in sorted(set(sources)):
-            result[f"val/score/{src}/mean"] = float(np.mean([s for s, d in zip(scores, sources) if d == src]))
-        return result
+        return validation_metrics(scores, sources, vk.n, _concat_columns(extras))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
@@ -324,11 +324,18 @@ class PPOTrainer:
         print(f"resumed from {path} at step {self.global_step}", flush=True)
 
 
+def _concat_columns(parts: list[dict]) -> dict:
+    """Per-batch extra-field columns joined; a field some batch lacks is dropped."""
+    keys = set.intersection(*(set(p) for p in parts)) if parts else set()
+    return {k: [v for p in parts for v in p[k]] for k in keys}
+
+
 def _mean_dicts(dicts) -> dict:
     if isinstance(dicts, dict):
         return dicts
     keys = set().union(*dicts)
-    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in keys}
+    return {k: float(combine_metric(k, [d[k] for d in dicts if k in d], [1.0] * sum(k in d for d in dicts)))
+            for k in keys}
 
 
 def _progress(total: int, initial: int, enabled: bool):

@@ -219,6 +219,11 @@ def test_remax(recipe_assets, tmp_path):
     # of KL(actor || ref) on the samples is non-zero (its sign is noise on 6 samples)
     assert metrics[1]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert metrics[2]["actor/reward_kl_penalty"] != 0.0
+    # 2 sampled answers per validation prompt, in batches that split prompts 3 + 3 + 2: per-prompt
+    # statistics (verl's mean@N / best@N) over groups the batching did not tear apart
+    val = metrics[max(metrics)]
+    assert val["val/score/worst@2"] <= val["val/score/mean@2"] <= val["val/score/best@2"]
+    assert val["val/score/mean@2"] == pytest.approx(val["val/score/mean"])
 
 
 @pytest.mark.slow
