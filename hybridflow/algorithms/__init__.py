@@ -12,7 +12,7 @@ from hybridflow.algorithms.advantages import (
     compute_advantage,
     get_advantage_estimator,
 )
-from hybridflow.algorithms.diagnostics import approx_kl, clipfrac, explained_variance
+from hybridflow.algorithms.diagnostics import approx_kl, clipfrac, combine_metric, explained_variance
 from hybridflow.algorithms.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -44,7 +44,7 @@ from hybridflow.algorithms.value_loss import ValueLossOutput, clipped_value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "compute_advantage", "get_advantage_estimator",
-    "approx_kl", "clipfrac", "explained_variance",
+    "approx_kl", "clipfrac", "combine_metric", "explained_variance",
     "KL_CONTROLLERS", "KL_ESTIMATORS", "AdaptiveKLController", "FixedKLController",
     "apply_kl_penalty", "get_kl_estimator", "kl_loss", "kl_penalty", "make_kl_controller",
     "LOSS_AGG_MODES", "agg_entropy", "agg_loss", "entropy_from_logits", "get_loss_agg",

@@ -43,3 +43,13 @@ def clipfrac(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor,
     ratio = torch.exp((log_prob - old_log_prob).float())
     outside = (ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)
     return masked_mean(outside.float(), response_mask)
+
+
+def combine_metric(key: str, values: list[float], weights: list[float]) -> float:
+    """One number for a metric reported per micro-batch, per rank or per mini-batch: a name ending
+    in ``_max`` (``training/rollout_probs_diff_max``) is the maximum, since an average of maxima
+    hides the worst token; every other metric is the weighted mean."""
+    if key.endswith("_max"):
+        return max(values)
+    total = sum(weights)
+    return sum(v * w for v, w in zip(values, weights)) / total

@@ -75,7 +75,7 @@ def make_actor_loss_fn(obj: ActorObjective):
         metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
                    "actor/ppo_kl": _f(pg.ppo_kl), "actor/pg_clipfrac_lower": _f(pg.pg_clipfrac_lower)}
         if on_policy and "rollout_log_probs" in b.keys():
-            # the sampler-vs-trainer check, on this forward (max is per micro-batch, then averaged)
+            # the sampler-vs-trainer check, on this forward (the engines keep the max over micro-batches)
             diff = (b["rollout_log_probs"].exp() - log_prob.detach().exp()).abs()[mask.bool()]
             if diff.numel():
                 metrics["training/rollout_probs_diff_max"] = float(diff.max())

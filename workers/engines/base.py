@@ -25,6 +25,7 @@ from hybridflow.algorithms.mini_batch_agg import (  # noqa: F401
     META_DP_SIZE, META_GLOBAL_NONEMPTY_ROWS, META_GLOBAL_ROWS, META_GLOBAL_TOKENS, META_MINI_BATCH_ROWS,
     mini_batch_agg,
 )
+from hybridflow.algorithms.diagnostics import combine_metric
 from workers.engines.config import EngineConfig
 
 LossFn = Callable[[dict[str, Tensor], Any], tuple[Tensor, dict[str, float]]]
@@ -161,12 +162,9 @@ def local_metric_means(micros, results) -> tuple[dict[str, float], int]:
     real-row count (which counts every micro-batch, also where ``results`` are missing: a
     pipeline's earlier stages have none)."""
     weights = [real_rows(micro) for micro in micros]
-    sums: dict[str, float] = {}
-    for weight, metrics in zip(weights, results):
-        for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + float(value) * weight
     total = sum(weights)
-    return ({k: v / total for k, v in sums.items()} if total else {}), total
+    parts = list(zip(weights, results)) + [(w, {}) for w in weights[len(results):]]
+    return (_combine(parts) if total else {}), total
 
 
 def mean_over_ranks(metrics: dict[str, float], rows: int, dp_size: int, group) -> tuple[dict[str, float], int]:
@@ -175,8 +173,16 @@ def mean_over_ranks(metrics: dict[str, float], rows: int, dp_size: int, group) -
     gathered: list = [None] * dp_size
     dist.all_gather_object(gathered, (rows, metrics), group=group)
     total = sum(r for r, _ in gathered)
-    keys = sorted(set().union(*(m.keys() for _, m in gathered)))
-    return ({k: sum(r * m.get(k, 0.0) for r, m in gathered) / total for k in keys} if total else {}), total
+    return (_combine(gathered) if total else {}), total
+
+
+def _combine(weighted: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Each metric over (weight, metrics) parts: the weighted mean, a ``_max`` metric's maximum
+    (``combine_metric``). A part without the metric counts as 0 in the mean, as its rows had none."""
+    keys = sorted(set().union(*(m.keys() for _, m in weighted)))
+    return {k: combine_metric(k, [float(m[k]) for w, m in weighted if k in m] if k.endswith("_max")
+                              else [float(m.get(k, 0.0)) for _, m in weighted], [w for w, _ in weighted])
+            for k in keys}
 
 
 def skipped_rows_frac(meta: dict, trained_rows: int) -> float:
