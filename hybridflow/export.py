@@ -46,6 +46,10 @@ def resolve_role_dir(path: str, role: str = "actor") -> str:
     step = ckpt.read_tracker(path) if os.path.isdir(path) else None
     if step is not None:
         return resolve_role_dir(ckpt.step_dir(path, step), role)
+    saved = sorted(r for r in ("actor", "critic") if os.path.exists(os.path.join(path, r, ckpt.ENGINE_META)))
+    if saved:
+        raise ExportError(f"{path} holds no {role} checkpoint (saved roles: {', '.join(saved)}): the run trained "
+                          f"no {role}; pass --role {saved[0]}")
     raise ExportError(f"{path} is not a checkpoint: pass a global_step_N folder, its {role}/ folder, or a run's "
                       f"trainer.default_local_dir (no {ckpt.ENGINE_META} found; checkpoints written before it existed "
                       f"can be exported with the engine's save_hf)")
@@ -105,15 +109,19 @@ def megatron_tensors(role_dir: str, hf_config, meta: dict) -> Iterator[tuple[str
                 yield name, shards[0][name].clone()
 
 
-def export(checkpoint: str, out_dir: str, role: str = "actor") -> str:
-    """Write the HF checkpoint of ``role`` saved under ``checkpoint`` into ``out_dir``; returns out_dir."""
+def export(checkpoint: str, out_dir: str, role: str | None = None) -> str:
+    """Write the HF checkpoint of ``role`` saved under ``checkpoint`` into ``out_dir``; returns out_dir.
+    ``role=None``: the role folder given, or the actor of a step folder or run."""
     from transformers import AutoConfig
 
     from workers.engines.hf_export import write_hf_checkpoint
 
-    role_dir = resolve_role_dir(checkpoint, role)
+    role_dir = resolve_role_dir(checkpoint, role or "actor")
     with open(os.path.join(role_dir, ckpt.ENGINE_META)) as f:
         meta = json.load(f)
+    if role is not None and meta.get("role", role) != role:
+        raise ExportError(f"{role_dir} is the {meta['role']}'s checkpoint, not the {role}'s: pass --role "
+                          f"{meta['role']}, or the global_step_N folder that holds both")
     hf_dir = os.path.join(role_dir, ckpt.HF_META_DIR)
     hf_config = AutoConfig.from_pretrained(hf_dir)
     if meta["strategy"] == "fsdp":
@@ -132,7 +140,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridflow.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="global_step_N folder, its actor/ or critic/ folder, or a run folder")
     parser.add_argument("out_dir", help="where to write the HF checkpoint")
-    parser.add_argument("--role", default="actor", choices=("actor", "critic"))
+    parser.add_argument("--role", default=None, choices=("actor", "critic"),
+                        help="which role of a global_step_N folder or run (default: actor, or the role folder given)")
     parser.add_argument("--external-lib", help="module to import first (the run's model.external_lib, for a "
                         "model type it registers with transformers)")
     args = parser.parse_args(argv)

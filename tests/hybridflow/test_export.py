@@ -131,6 +131,17 @@ def test_export_of_a_folder_without_checkpoint_is_a_clear_error(tmp_path):
     assert "is not a checkpoint" in proc.stderr and "global_step_N" in proc.stderr
 
 
+def test_export_of_a_role_the_run_did_not_train_names_the_roles_saved(fsdp_export, tmp_path):
+    from hybridflow.export import ExportError, export
+
+    step = fsdp_export["work"] / "global_step_1"
+    with pytest.raises(ExportError, match=r"holds no critic checkpoint \(saved roles: actor\).*--role actor"):
+        export(str(step), str(tmp_path / "out"), role="critic")
+    with pytest.raises(ExportError, match=r"is the actor's checkpoint, not the critic's"):
+        export(str(step / "actor"), str(tmp_path / "out"), role="critic")
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_names_an_external_lib_it_cannot_import(tmp_path, capsys):
     from hybridflow.export import main
 
