@@ -40,7 +40,7 @@ GRPO_OVERRIDES = [
     # replicated actor (DDP): on 2 CPU workers a step takes half the time of sharded FSDP, and the
     # weights reach vLLM by a local copy instead of an all-gather
     "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
-    "trainer.n_gpus_per_node=2", "trainer.total_epochs=100", "trainer.total_training_steps=300", "trainer.test_freq=10",
+    "trainer.n_gpus_per_node=2", "trainer.total_epochs=100", "trainer.total_training_steps=600", "trainer.test_freq=20",
     "trainer.logger=[console,jsonl,tensorboard]", "trainer.resume_mode=disable",
 ]
 
