@@ -18,6 +18,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from hybridflow import device as hf_device
+from workers.engines.optim import load_scheduler_state
 from workers.models.layout import ModelDims, param_specs
 
 EMBEDDING = "embedding.word_embeddings.weight"
@@ -149,5 +150,5 @@ def load_sharded(engine, path: str) -> None:
                 for m, saved_m in zip(engine.grads.master_params, state["master"]):
                     m.copy_(saved_m)
         engine.optimizer.load_state_dict(state["optimizer"])
-        engine.scheduler.load_state_dict(state["scheduler"])
+        load_scheduler_state(engine.scheduler, state["scheduler"])  # after the optimizer: it sets the lr
     hf_device.set_rng_state(state["rng"])

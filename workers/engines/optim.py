@@ -45,15 +45,23 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: EngineConfig) -> t
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict) -> None:
-    """Restore a scheduler and write its current lr into the optimizer's param groups.
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict) -> None:
+    """Restore a scheduler's step counter and set the lr the next optimizer step uses from *this*
+    run's schedule at that step.
 
-    ``LRScheduler.load_state_dict`` restores only the step counter; the lr the optimizer will use
-    next lives in its param groups, which stay stale unless the optimizer state is loaded too.
+    ``LRScheduler.load_state_dict`` also restores the saved base lrs and last lr, and the optimizer
+    state brings back the saved param-group lr. Both belong to the run that saved: a resume that
+    changes ``total_training_steps`` (a cosine schedule's length) or ``optim.lr`` would train its
+    first step at the old schedule's lr (a 2-step cosine run resumed into 4 steps used lr 0 for
+    step 3). So only the step counter is kept; the rest comes from the config.
     """
+    base_lrs = list(scheduler.base_lrs)
     scheduler.load_state_dict(state)
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+    scheduler.base_lrs = base_lrs
+    lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
         group["lr"] = lr
+    scheduler._last_lr = lrs
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer | None, target: torch.device) -> None:

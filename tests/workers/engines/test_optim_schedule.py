@@ -53,6 +53,29 @@ def test_scheduler_state_resumes_mid_schedule():
         0.5 * (1 + math.cos(math.pi * 1 / 4)))
 
 
+def test_resume_follows_this_runs_schedule_and_lr():
+    """A 2-step cosine run resumed into a 4-step one: the next step's lr is the 4-step schedule's
+    at step 2 (0.5), not the saved schedule's (0), and a changed base lr applies from there."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    short = EngineConfig(lr=1.0, lr_schedule="cosine", total_steps=2).validate()
+    opt = build_optimizer([param], short)
+    sched = build_scheduler(opt, short)
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    for lr, expected in ((1.0, 0.5), (0.1, 0.05)):
+        longer = EngineConfig(lr=lr, lr_schedule="cosine", total_steps=4).validate()
+        opt2 = build_optimizer([param], longer)
+        sched2 = build_scheduler(opt2, longer)
+        opt2.load_state_dict(saved_opt)  # brings back the saved param-group lr (0.0)
+        load_scheduler_state(sched2, saved_sched)
+        assert opt2.param_groups[0]["lr"] == pytest.approx(expected)
+        opt2.step()
+        sched2.step()
+        assert opt2.param_groups[0]["lr"] == pytest.approx(lr * 0.5 * (1 + math.cos(math.pi * 3 / 4)))
+
+
 @pytest.mark.parametrize("overrides, field", [
     (dict(strategy="deepspeed"), "strategy"),
     (dict(tp=2), "tp/pp"),
