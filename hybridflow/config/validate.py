@@ -144,6 +144,9 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if not val.do_sample and val.n > 1:
         errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
                       "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
+    if val.do_sample and val.n > 1 and val.temperature == 0:
+        errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with temperature=0 samples one greedy response "
+                      "n times (vLLM refuses it): set val_kwargs.temperature > 0, e.g. 1.0")
     gen = cfg.data.gen_batch_size
     if gen is not None and gen != cfg.data.train_batch_size and not alg.filter_groups.enable:
         errors.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={cfg.data.train_batch_size}, "
