@@ -262,7 +262,7 @@ class PPOTrainer:
         ``val_kwargs.n > 1`` mean@N, best@N, ... (trainer/val_metrics.py)."""
         vk, t = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer
         keep = t.log_val_generations
-        scores, sources, extras, samples = [], [], [], []  # samples: text rows for log_val_generations / validation_data_dir
+        scores, sources, extras, samples, errors = [], [], [], [], 0.0  # samples: text rows for log_val_generations / validation_data_dir
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -272,7 +272,8 @@ class PPOTrainer:
             out.meta_info.pop("metrics", None)
             rep = batch.repeat(vk.n, interleave=True)
             out.non_tensor_batch.update(rep.non_tensor_batch)
-            _, batch_scores, _, extra, texts = self.score(out)
+            _, batch_scores, batch_metrics, extra, texts = self.score(out)
+            errors += batch_metrics.get("reward/errors", 0.0)
             wanted = len(out) if t.validation_data_dir else keep - len(samples)
             if wanted > 0:
                 samples += generation_rows(out, batch_scores, self.tokenizer, texts, extras_per_row(extra, len(out)),
@@ -284,7 +285,10 @@ class PPOTrainer:
             write_val_generations(t.default_local_dir, self.global_step, samples[:keep])
         if t.validation_data_dir:
             dump_generations(t.validation_data_dir, self.global_step, samples)
-        return validation_metrics(scores, sources, vk.n, _concat_columns(extras))
+        result = validation_metrics(scores, sources, vk.n, _concat_columns(extras))
+        if self.rm is None:  # samples the reward function raised on (scored 0), as reward/errors in training
+            result["val/reward_errors"] = errors
+        return result
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:

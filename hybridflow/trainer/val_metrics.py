@@ -11,10 +11,12 @@ Where this differs from verl: verl estimates best@k and maj@k for k < N by boots
 and names keys ``val-core/<source>/reward/mean@N``. Here each statistic is exact at k = N only, and
 keys keep this project's ``val/<var>/...`` names: ``val/score/mean@4``,
 ``val/score/gsm8k/best@4``. Every numeric field of a reward function's dict besides ``score``
-(``acc``, say) gets the same treatment under ``val/<field>/...``.
+(``acc``, say) gets the same treatment under ``val/<field>/...``; samples where the field is
+missing (the reward function raised on them, say) are left out of its averages.
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Any, Sequence
 
@@ -32,32 +34,41 @@ def validation_metrics(scores: Sequence[float], sources: Sequence[str], n: int,
     extra = extra or {}
     variables = {"score": list(scores)}
     for key, values in extra.items():
-        if key not in ("score", "pred") and len(values) == len(scores) and all(_is_number(v) for v in values):
-            variables[key] = [float(v) for v in values]
+        if (key not in ("score", "pred") and len(values) == len(scores) and any(_is_number(v) for v in values)
+                and all(v is None or _is_number(v) for v in values)):
+            variables[key] = [np.nan if v is None else float(v) for v in values]
     preds = extra.get("pred")
     preds = list(preds) if preds is not None and len(preds) == len(scores) else None
 
     groups = range(0, len(scores), n)
     group_source = [sources[g] for g in groups]
     out: dict[str, float] = {}
-    for name, values in variables.items():
-        values = np.asarray(values, dtype=np.float64)
-        out[f"val/{name}/mean"] = float(values.mean())
-        for src in sorted(set(sources)):
-            out[f"val/{name}/{src}/mean"] = float(values[[s == src for s in sources]].mean())
-        if n == 1:
-            continue
-        per_prompt = _per_prompt(values.reshape(-1, n), [preds[g:g + n] for g in groups] if preds else None)
-        for stat, column in per_prompt.items():
-            out[f"val/{name}/{stat}@{n}"] = float(np.mean(column))
-            for src in sorted(set(group_source)):
-                picked = [v for v, s in zip(column, group_source) if s == src]
-                out[f"val/{name}/{src}/{stat}@{n}"] = float(np.mean(picked))
+    with warnings.catch_warnings():  # a source or prompt whose field is all missing: nan, left out above it
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for name, values in variables.items():
+            values = np.asarray(values, dtype=np.float64)
+            _put(out, f"val/{name}/mean", np.nanmean(values))
+            for src in sorted(set(sources)):
+                _put(out, f"val/{name}/{src}/mean", np.nanmean(values[[s == src for s in sources]]))
+            if n == 1:
+                continue
+            per_prompt = _per_prompt(values.reshape(-1, n), [preds[g:g + n] for g in groups] if preds else None)
+            for stat, column in per_prompt.items():
+                _put(out, f"val/{name}/{stat}@{n}", np.nanmean(column))
+                for src in sorted(set(group_source)):
+                    _put(out, f"val/{name}/{src}/{stat}@{n}",
+                         np.nanmean([v for v, s in zip(column, group_source) if s == src]))
     return out
 
 
+def _put(out: dict, key: str, value) -> None:
+    if not np.isnan(value):
+        out[key] = float(value)
+
+
 def _per_prompt(values: np.ndarray, preds: list[list] | None) -> dict[str, np.ndarray]:
-    stats = {"mean": values.mean(1), "std": values.std(1), "best": values.max(1), "worst": values.min(1)}
+    stats = {"mean": np.nanmean(values, 1), "std": np.nanstd(values, 1), "best": np.nanmax(values, 1),
+             "worst": np.nanmin(values, 1)}
     if preds is not None:
         stats["maj"] = np.array([row[_majority(p)] for row, p in zip(values, preds)])
     return stats

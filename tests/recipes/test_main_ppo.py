@@ -121,6 +121,7 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
     for step, rows in validation.items():
         assert len(rows) == VAL_SIZE, (step, len(rows))
         assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(metrics[step]["val/score/mean"], abs=1e-6)
+        assert metrics[step]["val/reward_errors"] == 0.0
     assert validation[0][:3] == samples[:3]  # one set of rows serves both files
     with open(os.path.join(out, "timeline.json")) as f:  # Ray's Chrome trace of the run
         traced = {event.get("name", "") for event in json.load(f)}

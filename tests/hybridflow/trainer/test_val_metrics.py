@@ -37,3 +37,13 @@ def test_no_pred_field_no_majority():
 def test_ragged_groups_are_refused():
     with pytest.raises(ValueError, match="n=2"):
         validation_metrics([1, 0, 1], ["a"] * 3, n=2)
+
+
+def test_a_field_missing_on_some_samples_averages_the_rest():
+    """The reward function raised on two samples (score 0, no acc): acc is averaged over the others."""
+    acc = [1.0, None, 0.0, 1.0, None, None]
+    out = validation_metrics([1, 0, 0, 1, 0, 0], ["a", "a", "a", "a", "b", "b"], n=2, extra={"acc": acc})
+    assert out["val/acc/mean"] == pytest.approx(2 / 3)
+    assert out["val/acc/best@2"] == pytest.approx(1.0)  # prompts 1 and 2; prompt 3 has no acc at all
+    assert out["val/acc/a/mean"] == pytest.approx(2 / 3) and "val/acc/b/mean" not in out
+    assert out["val/score/mean"] == pytest.approx(1 / 3)
