@@ -153,6 +153,7 @@ class RefMegatronConfig:
 
 @dataclass
 class RefConfig:
+    strategy: str | None = None  # verl's; the reference runs on the actor's strategy (null or the same)
     log_prob_micro_batch_size_per_gpu: int = 8
     log_prob_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz

@@ -14,6 +14,9 @@ from hybridflow.config.root import RootConfig
 
 # Mirrors of names owned by workers/ (tests check they stay equal to the workers' tuples).
 STRATEGIES = ("fsdp", "megatron")
+# verl names its FSDP2 engine "fsdp2" and its FSDP1 engine "fsdp"; the FSDP engine here is FSDP2,
+# so both spellings select it
+STRATEGY_ALIASES = {"fsdp2": "fsdp"}
 PARAM_DTYPES = ("fp32", "bf16")
 LR_SCHEDULERS = ("constant", "cosine")
 ROLLOUT_NAMES = ("vllm", "hf")

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hybridflow.config.derived import STRATEGY_ALIASES
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_inert import inert_keys, is_inert, pop_inert_keys
@@ -56,14 +57,27 @@ def mapping_keys(cls: type, prefix: str = "") -> list[str]:
 
 
 def unknown_key_message(key: str, valid_keys: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, valid_keys, n=1, cutoff=0.6)
-    if not close:  # e.g. a short key: compare the last part against its siblings only
-        parent, _, leaf = key.rpartition(".")
-        siblings = [k for k in valid_keys if k.rpartition(".")[0] == parent]
-        leaves = difflib.get_close_matches(leaf, [k.rpartition(".")[2] for k in siblings], n=1)
-        close = [f"{parent}.{leaves[0]}" if parent else leaves[0]] if leaves else []
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    close = _closest_key(key, valid_keys)
+    hint = f" (did you mean '{close}'?)" if close else ""
     return f"unknown config key '{key}'{hint}"
+
+
+def _closest_key(key: str, valid_keys: Sequence[str], cutoff: float = 0.6) -> str | None:
+    """The valid key most like ``key``, compared on what follows the sections they share: whole
+    dotted keys would match on a shared prefix alone (``data.tokenizer`` looked like ``data.seed``)."""
+    parts = key.split(".")
+    best, best_ratio = None, cutoff
+    for candidate in valid_keys:
+        if key.startswith(candidate + "."):  # the section the key is in
+            continue
+        other = candidate.split(".")
+        shared = 0
+        while shared < min(len(parts), len(other)) - 1 and parts[shared] == other[shared]:
+            shared += 1
+        ratio = difflib.SequenceMatcher(None, ".".join(parts[shared:]), ".".join(other[shared:])).ratio()
+        if ratio > best_ratio:
+            best, best_ratio = candidate, ratio
+    return best
 
 
 def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
@@ -75,6 +89,8 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     """
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
     _fold_ray_kwargs(root)
+    for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
+        role.strategy = STRATEGY_ALIASES.get(role.strategy, role.strategy)
     mode = root.trainer.resume_mode
     if mode == "resume_path":  # verl's spelling of "resume from this folder"
         if not root.trainer.resume_from_path:

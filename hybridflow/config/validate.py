@@ -116,6 +116,10 @@ def name_errors(cfg: RootConfig) -> list[str]:
     errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
     if len(set(t.logger)) != len(t.logger):
         errors.append(f"trainer.logger={t.logger} lists a logger twice: list each once")
+    ref_strategy = cfg.actor_rollout_ref.ref.strategy
+    if ref_strategy is not None and ref_strategy != a.strategy:
+        errors.append(f"{ARR}.ref.strategy={ref_strategy} differs from {ARR}.actor.strategy={a.strategy}: the "
+                      "reference runs on the actor's engine; set it to null or the actor's")
     return errors
 
 

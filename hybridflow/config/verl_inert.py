@@ -89,6 +89,13 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "data.custom_cls.path": ((None,), "a custom dataset class is not supported; rows are read in verl's "
                                       "parquet/jsonl schema by hybridflow.data"),
     "data.custom_cls.name": ((None,), "see data.custom_cls.path"),
+    "data.return_full_prompt": ((False,), "the templated prompt text is not carried on the batch"),
+    "data.trust_remote_code": ((False,), "remote tokenizer code is never run"),
+    "data.filter_overlong_prompts_workers": (ANY, "speed only: the filter reads the files once, before Ray starts"),
+    "data.sampler.class_path": ((None,), "a custom sampler is not supported; data.shuffle and data.seed order "
+                                         "the prompts"),
+    "data.sampler.class_name": ((None,), "see data.sampler.class_path"),
+    f"{ARR}.nccl_timeout": (ANY, "trainer.call_timeout_s bounds every worker call"),
     **_model(f"{ARR}.model"), **_model("critic.model"),
     f"{ARR}.actor.entropy_from_logits_with_chunking": (ANY, "memory only"),
     f"{ARR}.actor.optim.total_training_steps": (ANY, "the trainer sets the schedule's length from the run, as "

@@ -106,6 +106,14 @@ def test_key_in_the_wrong_section_suggests_where_it_lives():
         load_config({"actor_rollout_ref": {"actor": {"rollout_n": 4}}})
 
 
+@pytest.mark.parametrize("key", ["data.tokenizer", "actor_rollout_ref.actor.data_loader_seed"])
+def test_no_suggestion_from_a_shared_section_alone(key):
+    """'data.tokenizer' is nothing like 'data.seed': the shared 'data.' made them look close."""
+    with pytest.raises(ConfigError) as err:
+        compose_config("grpo", [f"{key}=1"])
+    assert str(err.value) == f"unknown config key '{key}'"
+
+
 def test_every_problem_is_reported_on_one_line():
     with pytest.raises(ConfigError) as err:
         load_config({"data": {"train_batch_size": "8", "max_prompt_length": 1.5, "shuffle": 1},
@@ -184,6 +192,15 @@ def test_sft_runs_a_verl_sft_scripts_keys():
     assert cfg.data.prompt_dict_keys == ["question"] and cfg.data.response_dict_keys == ["answer"]
     with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size=2: Ulysses sequence parallelism is not"):
         load_sft_config(compose_config("sft", ["ulysses_sequence_parallel_size=2"], schema=SFTConfig))
+
+
+def test_fsdp2_is_verls_name_for_the_fsdp_engine():
+    cfg = load_config(compose_config("ppo", ["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2",
+                                             "actor_rollout_ref.ref.strategy=fsdp2"]))
+    assert (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy, cfg.actor_rollout_ref.ref.strategy) == \
+        ("fsdp", "fsdp", "fsdp")
+    sft = load_sft_config(compose_config("sft", ["model.strategy=fsdp2"], schema=SFTConfig))
+    assert sft.model.strategy == "fsdp"
 
 
 def test_sft_batch_must_tile_micro_batches_over_workers():

@@ -130,6 +130,8 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(trainer__placement="separate", actor_rollout_ref__actor__use_kl_loss=False),
      "trainer.placement=separate but no critic, reference or reward model"),
     (dict(actor_rollout_ref__rollout__val_kwargs__n=4), "actor_rollout_ref.rollout.val_kwargs.n=4 with do_sample=false"),
+    (dict(actor_rollout_ref__ref__strategy="megatron"),
+     "actor_rollout_ref.ref.strategy=megatron differs from actor_rollout_ref.actor.strategy=fsdp"),
     (dict(actor_rollout_ref__rollout__val_kwargs__n=2, actor_rollout_ref__rollout__val_kwargs__do_sample=True),
      "actor_rollout_ref.rollout.val_kwargs.n=2 with temperature=0 samples one greedy response n times"),
     # value ranges
