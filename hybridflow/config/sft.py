@@ -183,4 +183,10 @@ def _sft_path_errors(cfg: SFTConfig) -> list[str]:
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         errors.append(f"model.path: {cfg.model.path} is not an HF checkpoint directory (no "
                       "config.json): fix the path")
+    from hybridflow.trainer.generations import writable_folder_error
+
+    problem = writable_folder_error(cfg.trainer.default_local_dir, keep=False)  # a bad one fails before Ray
+    if problem:
+        errors.append(f"trainer.default_local_dir: cannot write to {cfg.trainer.default_local_dir} ({problem}): "
+                      "use a writable folder")
     return errors

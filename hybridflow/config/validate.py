@@ -335,11 +335,13 @@ def path_errors(cfg: RootConfig) -> list[str]:
         need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
     from hybridflow.trainer.generations import writable_folder_error
 
-    for key in ("rollout_data_dir", "validation_data_dir"):  # created here: a bad one fails now, not mid-run
+    for key in ("default_local_dir", "rollout_data_dir", "validation_data_dir"):  # created here: a bad one fails now
         folder = getattr(cfg.trainer, key)
-        problem = folder is not None and writable_folder_error(folder)
+        # the run's own folder is left as it was: a config check (or a test) must not create it
+        problem = folder is not None and writable_folder_error(folder, keep=key != "default_local_dir")
         if problem:
-            errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use a writable folder or null")
+            fix = "a writable folder" if key == "default_local_dir" else "a writable folder or null"
+            errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use {fix}")
     return errors
 
 

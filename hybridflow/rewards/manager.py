@@ -11,6 +11,7 @@ RewardFunctionError with the first exception.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from dataclasses import dataclass, field
@@ -180,6 +181,27 @@ class RewardManager:
         return metrics
 
 
+SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+
+
+def check_signature(fn, name: str, batched: bool) -> None:
+    """The manager calls the function with these keywords (verl's): refuse one that cannot take
+    them now, before Ray starts, rather than at the first scored batch."""
+    args = BATCH_ARGS if batched else SAMPLE_ARGS
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        signature.bind(**dict.fromkeys(args))
+    except TypeError as exc:
+        manager = "reward_model.reward_manager=batch" if batched else "the per-sample reward manager"
+        raise RewardFunctionError(
+            f"custom_reward_function.name: {name}{signature} cannot be called as {name}({', '.join(args)}) "
+            f"({exc}), as {manager} calls it: give it those parameters (extra_info=None if unused)") from None
+
+
 def make_reward_manager(custom_path: str | None = None, custom_name: str = "compute_score",
                         reward_kwargs: dict[str, Any] | None = None,
                         max_logged_errors: int = 3, manager: str = "naive",
@@ -192,5 +214,7 @@ def make_reward_manager(custom_path: str | None = None, custom_name: str = "comp
     if overlong_buffer is not None and manager != "dapo":
         raise ValueError("reward_model.overlong_buffer is the dapo manager's: set reward_model.reward_manager=dapo")
     fn = load_reward_function(custom_path, custom_name, reward_kwargs) if custom_path else None
+    if fn is not None:
+        check_signature(fn, custom_name, batched=manager == "batch")
     return RewardManager(fn, max_logged_errors=max_logged_errors, batched=manager == "batch",
                          overlong_buffer=overlong_buffer)

@@ -118,10 +118,13 @@ def check_complete(path: str) -> dict:
 
 
 def find_resume_dir(root: str, resume_mode: str) -> str | None:
-    """The checkpoint folder to resume from, or None. ``resume_mode``: auto | disable | a path."""
+    """The checkpoint folder to resume from, or None. ``resume_mode``: auto | disable | a path (a
+    global_step_N folder, or a run's folder: the latest checkpoint its tracker names)."""
     if resume_mode == "disable":
         return None
     if resume_mode != "auto":
+        if not os.path.exists(os.path.join(resume_mode, MANIFEST)) and read_tracker(resume_mode) is not None:
+            return find_resume_dir(resume_mode, "auto")  # a run's folder: its latest checkpoint
         check_complete(resume_mode)
         return resume_mode
     step = read_tracker(root)

@@ -138,12 +138,23 @@ def write_val_generations(output_dir: str, step: int, rows: list[dict]) -> str:
     return path
 
 
-def writable_folder_error(folder: str) -> str | None:
+def writable_folder_error(folder: str, keep: bool = True) -> str | None:
     """None when ``folder`` exists (it is created) and takes new files, else why not. Run before
-    Ray starts, so a bad dump folder fails in a second, not after the first step's work."""
+    Ray starts, so a bad folder fails in a second, not after the first step's work. ``keep=False``
+    removes again the folders the check created."""
+    created, parent = [], os.path.abspath(folder)
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        created.append(parent)
+        parent = os.path.dirname(parent)
     try:
         os.makedirs(folder, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()  # a nameless file: nothing is left behind
     except OSError as err:
         return err.strerror or str(err)
+    finally:
+        for path in created if not keep else ():  # deepest first; only the empty folders made here
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
     return None

@@ -199,3 +199,24 @@ def test_dapo_manager_adds_the_soft_overlong_penalty():
     assert overlong_penalty(10, 10, 10, 1.0) == -1.0 and overlong_penalty(0, 10, 10, 1.0) == 0.0
     with pytest.raises(ValueError, match="set reward_model.reward_manager=dapo"):
         make_reward_manager(None, overlong_buffer=(4, 0.5))
+
+
+def test_a_function_that_cannot_take_the_managers_arguments_is_refused_when_loaded(tmp_path):
+    """verl's managers call compute_score with keywords; a function without extra_info used to
+    pass the start-up checks and fail at the first scored batch, after Ray had started."""
+    path = tmp_path / "no_extra_info.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth):\n    return 1.0\n"
+                    "def by_kwargs(**kwargs):\n    return 1.0\n")
+    with pytest.raises(RewardFunctionError, match=r"compute_score\(data_source, solution_str, ground_truth\) cannot be "
+                                                  r"called as compute_score\(data_source, solution_str, ground_truth, "
+                                                  r"extra_info\).*extra_info=None if unused"):
+        make_reward_manager(str(path), "compute_score")
+    assert make_reward_manager(str(path), "by_kwargs") is not None
+    with pytest.raises(RewardFunctionError, match="as reward_model.reward_manager=batch calls it"):
+        make_reward_manager(str(tmp_path / "no_extra_info.py"), "compute_score", manager="batch")
+    # per-sample names under the batch manager are refused too; the batch file's function passes
+    batch = tmp_path / "batch_reward.py"
+    batch.write_text(BATCH_FILE)
+    assert make_reward_manager(str(batch), "batch_reward", manager="batch") is not None
+    with pytest.raises(RewardFunctionError, match="cannot be called as batch_reward\\(data_source,"):
+        make_reward_manager(str(batch), "batch_reward")

@@ -35,6 +35,14 @@ def test_tracker_names_the_complete_folder_and_leaves_no_temp_file(tmp_path):
     assert ckpt.find_resume_dir(str(tmp_path / "empty"), "auto") is None  # a fresh run
 
 
+def test_resume_path_may_name_the_run_folder(tmp_path):
+    """verl users pass resume_from_path=<the run's folder>: its latest checkpoint, not an error
+    about a missing manifest."""
+    _complete_folder(tmp_path / "run", 2)
+    latest = _complete_folder(tmp_path / "run", 4)
+    assert ckpt.find_resume_dir(str(tmp_path / "elsewhere"), str(tmp_path / "run")) == latest
+
+
 def test_garbage_tracker_is_a_clear_error(tmp_path):
     _complete_folder(tmp_path, 2)
     (tmp_path / ckpt.TRACKER).write_text("\x00\x17garbage")

@@ -131,3 +131,17 @@ def test_an_unwritable_dump_folder_fails_validation_naming_the_key(tmp_path):
     assert errors == [f"trainer.rollout_data_dir: cannot write to {tmp_path / 'file' / 'x'} (Not a directory): "
                       "use a writable folder or null"]
     assert os.path.isdir(tmp_path / "val")
+
+
+def test_an_unwritable_run_folder_fails_validation_and_a_good_one_is_not_created(tmp_path):
+    from hybridflow.config import compose_config, load_config
+    from hybridflow.config.validate import path_errors
+
+    (tmp_path / "file").write_text("")
+    bad = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path / 'file' / 'run'}"]))
+    assert [e for e in path_errors(bad) if "default_local_dir" in e] == [
+        f"trainer.default_local_dir: cannot write to {tmp_path / 'file' / 'run'} (Not a directory): "
+        "use a writable folder"]
+    good = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path / 'runs' / 'a'}"]))
+    assert not [e for e in path_errors(good) if "default_local_dir" in e]
+    assert not os.path.exists(tmp_path / "runs")
