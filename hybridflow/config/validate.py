@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from typing import Any
 
 from hybridflow.config.derived import (
@@ -300,6 +301,16 @@ def token_budget_errors(cfg: RootConfig) -> list[str]:
             for key, budget, used in budgets if used and budget < seq]
 
 
+def hub_id_hint(path: str, base_dir: str | None = None) -> str:
+    """For a missing model folder that was given as ``org/name`` (made absolute against the working
+    directory on load): models are read from local folders only, so say how to get one."""
+    relative = os.path.relpath(path, base_dir or os.getcwd())
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", relative):
+        return ""
+    return (f"; if '{relative}' is a Hugging Face Hub id, download it first (`hf download "
+            f"{relative} --local-dir <folder>`) and pass that folder")
+
+
 def path_errors(cfg: RootConfig) -> list[str]:
     arr, errors = cfg.actor_rollout_ref, []
 
@@ -309,7 +320,8 @@ def path_errors(cfg: RootConfig) -> list[str]:
         ok = os.path.isdir(path) if kind == "dir" else os.path.isfile(path)
         if not ok:
             errors.append(f"{key}: {path} is not an existing {'directory' if kind == 'dir' else 'file'}"
-                          f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}")
+                          f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}"
+                          f"{hub_id_hint(path) if kind == 'dir' else ''}")
 
     if not cfg.data.train_files:
         errors.append("data.train_files is empty: give at least one parquet/jsonl file")

@@ -443,3 +443,11 @@ def test_external_lib_is_imported_before_the_models_config_is_read(custom_model_
     # the override is checked against the class the module registered: it was imported first
     assert "is not an attribute of the model's config (HFTestTinyConfig)" in error_of(cfg)
     assert custom_model_lib in sys.modules
+
+
+def test_a_hub_id_as_model_path_says_to_download_it(run_dir):
+    cfg = grpo(actor_rollout_ref__model__path="Qwen/Qwen2.5-0.5B-Instruct")
+    msg = error_of(cfg)
+    assert (f"actor_rollout_ref.model.path: {run_dir}/Qwen/Qwen2.5-0.5B-Instruct is not an existing directory: fix "
+            "the path; if 'Qwen/Qwen2.5-0.5B-Instruct' is a Hugging Face Hub id, download it first (`hf download "
+            "Qwen/Qwen2.5-0.5B-Instruct --local-dir <folder>`) and pass that folder") in msg
