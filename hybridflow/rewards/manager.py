@@ -63,6 +63,12 @@ def overlong_penalty(length: int, max_length: int, buffer: int, factor: float) -
     return min(-(length - (max_length - buffer)) / buffer * factor, 0.0)
 
 
+# A function that raised on every sample of whole batches, this many samples in a row, is broken
+# rather than flaky, and all-zero scores would train on nothing: the run stops. Counting across
+# batches keeps small batches (val_batch_size=1) of a flaky function from stopping it by chance.
+STOP_AFTER_RAISING = 8
+
+
 class RewardManager:
     """Calls `compute_score(data_source, solution_str, ground_truth, extra_info)` per sample
     (verl's ``naive`` manager), or once per batch with lists (``batched``, verl's ``batch``:
@@ -81,6 +87,7 @@ class RewardManager:
         self.overlong_buffer = overlong_buffer  # (buffer length, penalty factor): verl's dapo manager
         self.max_logged_errors = max_logged_errors
         self._logged_errors = 0  # over this manager's lifetime, so a bad function cannot flood logs
+        self._raising_in_a_row = 0  # samples of whole batches that all raised, back to the last success
 
     def __call__(self, responses: Sequence[str], response_lengths: Sequence[int] | Tensor,
                  max_response_length: int, data_sources: Sequence[str], ground_truths: Sequence[Any],
@@ -115,9 +122,11 @@ class RewardManager:
                 self._log_error(i, data_sources[i], exc)
             scores.append(score)
             extras.append(extra)
-        if batch >= 2 and errors == batch:
+        self._raising_in_a_row = self._raising_in_a_row + batch if errors == batch else 0
+        if errors == batch and self._raising_in_a_row >= STOP_AFTER_RAISING:
+            streak = f" ({self._raising_in_a_row} in a row)" if self._raising_in_a_row > batch else ""
             raise RewardFunctionError(
-                f"the reward function raised on all {batch} samples of a batch, first "
+                f"the reward function raised on all {batch} samples of a batch{streak}, first "
                 f"{type(first_error).__name__}: {first_error}; fix custom_reward_function (path/name) "
                 f"or the function") from first_error
 

@@ -48,15 +48,24 @@ def test_raising_reward_function_is_counted_not_fatal(caplog):
 
 
 def test_reward_function_raising_on_every_sample_stops_the_run():
-    """Broken, not flaky: all-zero scores would train on nothing, so the batch raises, naming the
-    first exception; a single-sample batch that raises is still only counted."""
+    """Broken, not flaky: all-zero scores would train on nothing, so once 8 samples in a row (whole
+    batches) raised, the batch raises, naming the first exception. Smaller all-raising batches are
+    counted until then, and one success starts the count again."""
     def broken(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "ok":
+            return 1.0
         raise KeyError("answer")
 
-    with pytest.raises(RewardFunctionError, match=r"raised on all 3 samples of a batch, first KeyError: 'answer'"):
-        RewardManager(broken)(["a", "b", "c"], [1] * 3, 1, ["d"] * 3, [0] * 3)
-    out = RewardManager(broken)(["a"], [1], 1, ["d"], [0])
-    assert out.scores == [0.0] and out.metrics["reward/errors"] == 1.0
+    with pytest.raises(RewardFunctionError, match=r"raised on all 8 samples of a batch, first KeyError: 'answer'"):
+        RewardManager(broken)(["a"] * 8, [1] * 8, 1, ["d"] * 8, [0] * 8)
+    manager = RewardManager(broken)
+    for _ in range(2):
+        assert manager(["a", "b", "c"], [1] * 3, 1, ["d"] * 3, [0] * 3).metrics["reward/errors"] == 3.0
+    assert manager(["a", "ok"], [1] * 2, 1, ["d"] * 2, [0] * 2).scores == [0.0, 1.0]  # flaky: the count restarts
+    for _ in range(2):
+        manager(["a", "b", "c"], [1] * 3, 1, ["d"] * 3, [0] * 3)
+    with pytest.raises(RewardFunctionError, match=r"raised on all 3 samples of a batch \(9 in a row\)"):
+        manager(["a", "b", "c"], [1] * 3, 1, ["d"] * 3, [0] * 3)
 
 
 def test_malformed_results_are_errors_and_dict_extras_become_metrics():
