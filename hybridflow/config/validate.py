@@ -390,6 +390,13 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
     if cfg.reward_model.launch_reward_fn_async and not reward_fn_runs_async(cfg):
         logger.warning("reward_model.launch_reward_fn_async=true is ignored: a reward model, or "
                        "algorithm.filter_groups, needs the scores before the next stage")
+    for key, model, strategy in ((f"{ARR}.model", cfg.actor_rollout_ref.model, a.strategy),
+                                 ("critic.model", cfg.critic.model, cfg.critic.strategy)):
+        if (strategy == "fsdp" and model.share_prompt_prefix and model.enable_gradient_checkpointing
+                and (key != "critic.model" or needs_critic(cfg))):
+            logger.warning("%s.enable_gradient_checkpointing=true turns off %s.share_prompt_prefix in the FSDP "
+                           "update (transformers' checkpointing runs without the shared prompt's cache): less "
+                           "memory, more compute", key, key)
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
     if a.policy_loss.loss_mode == "gspo" and (a.loss_agg_mode != "seq-mean-token-mean" or max(low, high) > 0.01):

@@ -451,3 +451,10 @@ def test_a_hub_id_as_model_path_says_to_download_it(run_dir):
     assert (f"actor_rollout_ref.model.path: {run_dir}/Qwen/Qwen2.5-0.5B-Instruct is not an existing directory: fix "
             "the path; if 'Qwen/Qwen2.5-0.5B-Instruct' is a Hugging Face Hub id, download it first (`hf download "
             "Qwen/Qwen2.5-0.5B-Instruct --local-dir <folder>`) and pass that folder") in msg
+
+
+def test_gradient_checkpointing_says_it_turns_prompt_sharing_off(run_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.config.validate"):
+        validate(grpo(actor_rollout_ref__model__enable_gradient_checkpointing=True))
+    assert "actor_rollout_ref.model.enable_gradient_checkpointing=true turns off" in caplog.text
+    assert "critic.model" not in caplog.text  # GRPO trains no critic
