@@ -45,11 +45,12 @@ def clipfrac(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor,
     return masked_mean(outside.float(), response_mask)
 
 
-def combine_metric(key: str, values: list[float], weights: list[float]) -> float:
+def combine_metric(key: str, values: list[float], weights: list[float], total_weight: float | None = None) -> float:
     """One number for a metric reported per micro-batch, per rank or per mini-batch: a name ending
     in ``_max`` (``training/rollout_probs_diff_max``) is the maximum, since an average of maxima
-    hides the worst token; every other metric is the weighted mean."""
+    hides the worst token; every other metric is the weighted mean over ``total_weight`` (default:
+    the weights' sum; larger when parts without the metric count as 0)."""
     if key.endswith("_max"):
         return max(values)
-    total = sum(weights)
+    total = sum(weights) if total_weight is None else total_weight
     return sum(v * w for v, w in zip(values, weights)) / total

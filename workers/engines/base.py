@@ -177,12 +177,14 @@ def mean_over_ranks(metrics: dict[str, float], rows: int, dp_size: int, group) -
 
 
 def _combine(weighted: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """Each metric over (weight, metrics) parts: the weighted mean, a ``_max`` metric's maximum
-    (``combine_metric``). A part without the metric counts as 0 in the mean, as its rows had none."""
-    keys = sorted(set().union(*(m.keys() for _, m in weighted)))
-    return {k: combine_metric(k, [float(m[k]) for w, m in weighted if k in m] if k.endswith("_max")
-                              else [float(m.get(k, 0.0)) for _, m in weighted], [w for w, _ in weighted])
-            for k in keys}
+    """Each metric over (weight, metrics) parts (``combine_metric``: the weighted mean, or a
+    ``_max`` metric's maximum). A part without the metric counts as 0 in the mean: its rows had none."""
+    total = sum(w for w, _ in weighted)
+    out = {}
+    for key in sorted(set().union(*(m.keys() for _, m in weighted))):
+        present = [(w, float(m[key])) for w, m in weighted if key in m]
+        out[key] = combine_metric(key, [v for _, v in present], [w for w, _ in present], total)
+    return out
 
 
 def skipped_rows_frac(meta: dict, trained_rows: int) -> float:

@@ -25,3 +25,8 @@ def test_means_are_row_weighted_and_maxima_are_maxima():
 def test_a_stage_without_results_reports_rows_only():
     metrics, rows = local_metric_means([_micro(2), _micro(2)], [])  # a pipeline's earlier stage
     assert metrics == {} and rows == 4
+
+
+def test_a_micro_batch_without_a_metric_counts_as_zero_in_its_mean():
+    metrics, _ = local_metric_means([_micro(1), _micro(3)], [{"actor/kl_loss": 2.0}, {}])
+    assert metrics["actor/kl_loss"] == pytest.approx(2.0 / 4)
