@@ -105,6 +105,7 @@ class ActorRolloutRefWorker(Worker):
         self.register_mesh("rollout", self.rollout.dp_rank, self.rollout.dp_size, self.rollout.is_collect)
         self.rng = RNGStreams(generation_seed=s.seed + 1000 * self.rollout.dp_rank)
         self._weight_source, self._stats = self._make_weight_source()
+        self._synced_version = self.engine.weights_version if self.engine is not None else 0
         # vLLM's dummy load leaves random weights, and generation syncs only after an actor update:
         # mark them stale so the first generation (step 0's validation too) syncs first
         if s.rollout.name == "vllm" and s.rollout.load_format == "dummy":
@@ -143,12 +144,16 @@ class ActorRolloutRefWorker(Worker):
         from resharding import generate_mode
 
         metrics: dict[str, float] = {}
-        if self._weights_stale and self._weight_source is not None:
+        # stale: set by this worker's own updates and loads, and seen from the engine's version for
+        # any other method that trains it (a subclass's custom update), so no sync is forgotten
+        if self._weight_source is not None and (self._weights_stale or
+                                                self.engine.weights_version != self._synced_version):
             self._stats.reset()
             with generate_mode(self.engine, self.rollout, self._weight_source, metrics, self.rng, self._stats,
                                offload_engine=device.device_type() == "cuda"):
                 out = self._generate(prompts, metrics)
             self._weights_stale = False
+            self._synced_version = self.engine.weights_version
         else:
             self.rng.to_generation()
             try:

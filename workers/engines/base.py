@@ -41,6 +41,7 @@ class TrainEngine(Protocol):
     dp_rank: int
     dp_size: int
     is_collect: bool
+    weights_version: int  # +1 at every optimizer step that changed the weights and every load
 
     def __init__(self, config: EngineConfig, model_path: str, role: str) -> None: ...
 

@@ -99,6 +99,7 @@ class FSDPEngine:
         model = load_hf_model(model_path, role, config.override_config, config.disable_dropout)
         model.config.use_cache = False
         self.hf_config = model.config
+        self.weights_version = 0  # counts weight changes (steps, loads): the rollout syncs when it moves
         self.architecture = type(model).__name__
         self._alias_names = _aliased_parameter_names(model)
         if config.lora_rank:  # before anything looks at which parameters train
@@ -305,6 +306,7 @@ class FSDPEngine:
         if math.isfinite(grad_norm):
             self.memory.optimizer_on_device()
             self.optimizer.step()
+            self.weights_version += 1
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, results
 
@@ -363,6 +365,7 @@ class FSDPEngine:
         with self.memory.all_on_device():
             fsdp_checkpoint.load_model_and_optimizer(path, self.model, self.optimizer)
         fsdp_checkpoint.load_rank_state(path, self.scheduler, self.dp_rank)
+        self.weights_version += 1
 
     # ------------------------------------------------------------------ memory
     def offload(self) -> None:

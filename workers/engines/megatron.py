@@ -97,6 +97,7 @@ class MegatronEngine:
         self.role, self.model_path = role, model_path
         # the layers read their sizes, norms' eps and rope from it; save_hf and checkpoints write it
         self.hf_config = load_hf_config(model_path, config.override_config)
+        self.weights_version = 0  # counts weight changes (steps, loads): the rollout syncs when it moves
         self.dims = ModelDims.from_hf(self.hf_config)
         self.tp, self.pp = config.tp, config.pp
         self.dims.check_parallel(self.tp, self.pp)
@@ -272,6 +273,7 @@ class MegatronEngine:
                 self.memory.optimizer_on_device()
                 self.optimizer.step()
                 self.grads.copy_master_to_model()
+                self.weights_version += 1
         # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -326,6 +328,7 @@ class MegatronEngine:
     def load_checkpoint(self, path: str) -> None:
         with self.memory.all_on_device():
             load_sharded(self, path)
+        self.weights_version += 1
 
     # ------------------------------------------------------------------ memory
     def offload(self) -> None:

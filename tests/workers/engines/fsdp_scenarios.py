@@ -65,10 +65,12 @@ def _actor_scenario(rank, world, ckpt, workdir, with_precision_variants, **layou
     out["log_probs_after"], _ = engine.compute_log_prob(mine, TEMP)
     out["step2"] = engine.train_batch(mine2, policy_gradient_loss)
     out["weights2"] = full_weights(engine, rank)
+    out["versions"] = [engine.weights_version]  # two optimizer steps
     del engine
 
     resumed = FSDPEngine(config(), ckpt, "actor")
     resumed.load_checkpoint(os.path.join(workdir, "ckpt"))
+    out["versions"].append(resumed.weights_version)  # a load changes the weights too
     out["step2_resumed"] = resumed.train_batch(mine2, policy_gradient_loss)
     out["weights2_resumed"] = full_weights(resumed, rank)
     del resumed

@@ -97,6 +97,7 @@ def test_one_step_matches_single_process_adamw(actor_run):
 def test_checkpoint_round_trip_resumes_identically(actor_run):
     for rank_result in actor_run["results"]:
         assert rank_result["step2_resumed"] == rank_result["step2"]
+        assert rank_result["versions"] == [2, 1]  # what tells the hybrid worker to sync vLLM
     before, after = actor_run["results"][0]["weights2"], actor_run["results"][0]["weights2_resumed"]
     for name in before:
         assert torch.equal(before[name], after[name]), name
