@@ -18,6 +18,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+# meta_info key on the parts of a data-parallel split that was padded: how many rows are copies
+DP_PADDING_ROWS = "dp_padding_rows"
+
 
 def _as_object_array(values) -> np.ndarray:
     if isinstance(values, np.ndarray) and values.dtype == object:
@@ -187,8 +190,24 @@ class DataProto:
         idx = torch.cat([torch.arange(len(self)), torch.arange(pad) % len(self)])
         return self[idx], pad
 
+    def dp_chunks(self, dp_size: int) -> tuple[list["DataProto"], int]:
+        """``dp_size`` equal parts after padding with copies of leading rows, and the pad. Every part
+        of a padded split carries ``meta_info[DP_PADDING_ROWS]`` = pad, so a method that must not
+        see a row twice (a training step) can refuse it on every rank alike."""
+        padded, pad = self.pad_to_divisor(dp_size)
+        parts = padded.chunk(dp_size)
+        if pad:
+            for part in parts:
+                part.meta_info[DP_PADDING_ROWS] = pad
+        return parts, pad
+
     def unpad(self, pad: int) -> "DataProto":
-        return self[: len(self) - pad] if pad else self
+        """Drop the last ``pad`` rows (a padded split's copies) and the padding marker."""
+        out = self[: len(self) - pad] if pad else self
+        if DP_PADDING_ROWS in out.meta_info:
+            out = DataProto(batch=out.batch, non_tensor_batch=out.non_tensor_batch,
+                            meta_info={k: v for k, v in out.meta_info.items() if k != DP_PADDING_ROWS})
+        return out
 
     def make_iterator(self, mini_batch_size: int, epochs: int = 1, shuffle: bool = False,
                       seed: int | None = None) -> Iterator["DataProto"]:

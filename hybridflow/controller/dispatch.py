@@ -66,8 +66,7 @@ def split_by_dp(value, dp_size: int):
     if isinstance(value, DataProtoFuture):
         return value.split_for(dp_size), value.pad_for(dp_size)
     if isinstance(value, DataProto):
-        padded, pad = value.pad_to_divisor(dp_size)
-        return padded.chunk(dp_size), pad
+        return value.dp_chunks(dp_size)
     return [value] * dp_size, None
 
 

@@ -34,8 +34,7 @@ class _FutureSlice:
 
     def resolve(self) -> DataProto:
         full = DataProto.concat(_fetch(self.parts)).unpad(self.pad)
-        padded, _ = full.pad_to_divisor(self.dp_size)
-        return padded.chunk(self.dp_size)[self.index]
+        return full.dp_chunks(self.dp_size)[0][self.index]
 
 
 class GroupFuture:

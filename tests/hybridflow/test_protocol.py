@@ -110,3 +110,15 @@ def test_pickle_ships_only_the_rows_of_a_view(tmp_path):
 def test_to_device_keeps_rows():
     d = make(3).to("cpu")
     assert d.batch.device == torch.device("cpu") and len(d) == 3
+
+
+def test_dp_chunks_mark_every_part_of_a_padded_split_and_unpad_clears_the_mark():
+    from hybridflow.protocol import DP_PADDING_ROWS
+
+    parts, pad = make(5).dp_chunks(2)
+    assert pad == 1 and [p.meta_info[DP_PADDING_ROWS] for p in parts] == [1, 1]
+    back = DataProto.concat(parts).unpad(pad)
+    assert back.meta_info == {"temperature": 1.0} and names(back) == names(make(5))
+    even, pad = make(4).dp_chunks(2)
+    assert pad == 0 and all(DP_PADDING_ROWS not in p.meta_info for p in even)
+

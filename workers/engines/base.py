@@ -188,6 +188,20 @@ def _combine(weighted: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     return out
 
 
+def refuse_padded_rows(data, dp_size: int) -> None:
+    """A training step on a batch the controller padded to split over the data-parallel ranks would
+    train the copied rows twice (no error, just a biased update): refuse it, on every rank alike
+    (each part carries the marker). Log-prob and generation calls are fine: their padding is
+    stripped from the outputs."""
+    from hybridflow.protocol import DP_PADDING_ROWS
+
+    pad = data.meta_info.get(DP_PADDING_ROWS)
+    if pad:
+        raise ValueError(f"train_batch: the controller padded this batch with {pad} copied rows to split it over "
+                         f"{dp_size} data-parallel ranks, so those rows would train twice; send a multiple of "
+                         f"{dp_size} rows (the recipes' trainer always does)")
+
+
 def skipped_rows_frac(meta: dict, trained_rows: int) -> float:
     """Share of the mini-batch's rows (all ranks) that ``compact_rows`` left out."""
     return 1.0 - trained_rows / max(meta[META_GLOBAL_ROWS], 1)

@@ -44,7 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow import device as hf_device
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
-                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac)
+                                  mean_over_ranks, mini_batch_meta, refuse_padded_rows, skipped_rows_frac)
 from workers.engines import fsdp_checkpoint, fsdp_layout, prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import in_checkpoint_layout, write_hf_checkpoint
@@ -261,6 +261,7 @@ class FSDPEngine:
         if self.optimizer is None:
             raise RuntimeError("FSDPEngine.train_batch: the 'ref' role is frozen; build the engine with "
                                "role='actor' or 'critic' to train")
+        refuse_padded_rows(data, self.dp_size)
         meta = mini_batch_meta(data, self.dp_size, None, self.device)
         data = compact_rows(data, skip_rows, None, self.device)
         rows = len(data) if data is not None else 0

@@ -30,7 +30,7 @@ from hybridflow import device as hf_device
 from hybridflow import shm_group
 from hybridflow.model_overrides import load_hf_config
 from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, compact_rows, local_metric_means,
-                                  mean_over_ranks, mini_batch_meta, skipped_rows_frac)
+                                  mean_over_ranks, mini_batch_meta, refuse_padded_rows, skipped_rows_frac)
 from workers.engines import prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
@@ -239,6 +239,7 @@ class MegatronEngine:
         if self.optimizer is None:
             raise RuntimeError("MegatronEngine.train_batch: the 'ref' role is frozen; build the engine with "
                                "role='actor' or 'critic' to train")
+        refuse_padded_rows(data, self.dp_size)
         dp_group = ps.get_data_parallel_group()
         meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
         data = compact_rows(data, skip_rows, dp_group, self.device)

@@ -8,7 +8,7 @@ import torch
 from hybridflow.controller import (Dispatch, DispatchMode, Execute, RayClassWithInitArgs, RayWorkerGroup,
                                    ResourceError, ResourcePool, Worker, WorkerGroupError, WorkerMemoryError,
                                    create_colocated_worker_cls, register)
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DP_PADDING_ROWS, DataProto
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +42,12 @@ class EchoWorker(Worker):
     def samples(self, data: DataProto, n: int):
         """n output rows per input row, adjacent (like generation with n samples per prompt)."""
         return data.repeat(n, interleave=True)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def padding_seen(self, data: DataProto):
+        """Each row: the padding marker this rank's part carried (0: none), echoed with its meta."""
+        seen = data.meta_info.get(DP_PADDING_ROWS, 0)
+        return DataProto.from_dict({"seen": torch.full((len(data),), seen)}, meta_info=dict(data.meta_info))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def double_async(self, data: DataProto):
@@ -146,6 +152,16 @@ def test_padding_is_stripped_from_outputs_with_several_rows_per_input(ray_cluste
     out = g.samples(rows(3), 2)  # padded to 4 rows on 2 workers -> 8 outputs, 2 of them padding
     assert out.batch["x"].squeeze(1).tolist() == [0, 0, 1, 1, 2, 2]
     assert list(out.non_tensor_batch["tag"]) == ["r0", "r0", "r1", "r1", "r2", "r2"]
+    g.shutdown()
+
+
+def test_every_part_of_a_padded_split_is_marked_and_the_result_is_not(ray_cluster):
+    """A training method must refuse padded parts on every rank alike (the engines' train_batch
+    does), so all parts carry the marker; the collected result, padding stripped, does not."""
+    g = make_group(EchoWorker, name="marks")
+    padded, even = g.padding_seen(rows(3)), g.padding_seen(rows(4))
+    assert padded.batch["seen"].tolist() == [1, 1, 1] and even.batch["seen"].tolist() == [0] * 4
+    assert DP_PADDING_ROWS not in padded.meta_info
     g.shutdown()
 
 
