@@ -91,15 +91,18 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     _fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
         role.strategy = STRATEGY_ALIASES.get(role.strategy, role.strategy)
-    mode = root.trainer.resume_mode
+    root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
+    return root
+
+
+def resolve_resume_mode(mode: str, resume_from_path: str | None, base_dir: str | None) -> str:
+    """auto | disable | an absolute folder; verl's ``resume_path`` takes ``resume_from_path``."""
     if mode == "resume_path":  # verl's spelling of "resume from this folder"
-        if not root.trainer.resume_from_path:
+        if not resume_from_path:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N "
                               "folder> (or set trainer.resume_mode=<that folder> directly)")
-        mode = root.trainer.resume_from_path
-    if mode not in RESUME_MODES:
-        root.trainer.resume_mode = absolute_path(mode, base_dir)
-    return root
+        mode = resume_from_path
+    return mode if mode in RESUME_MODES else absolute_path(mode, base_dir)
 
 
 def _fold_ray_kwargs(root: RootConfig) -> None:

@@ -43,6 +43,7 @@ class SFTDataConfig:
     multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)
     train_batch_size: int = 32  # sequences per optimizer step
     micro_batch_size_per_gpu: int = 8
+    micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
     shuffle: bool = True
     seed: int = 0
 
@@ -60,6 +61,11 @@ class SFTModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, 
 
 
 @dataclass
+class SFTOptimConfig(OptimConfig):
+    warmup_steps_ratio: float | None = None  # verl's SFT name for lr_warmup_steps_ratio; when set, it wins
+
+
+@dataclass
 class SFTTrainerConfig:
     device: str = "auto"
     nnodes: int = 1
@@ -69,8 +75,9 @@ class SFTTrainerConfig:
     save_freq: int = -1  # steps between checkpoints (and one at the end); -1: none
     test_freq: int = -1  # steps between validations; -1: at the end of every epoch
     default_local_dir: str = path_field("checkpoints/hybridflow-sft/sft")
-    hf_output_dir: str = path_field("data/models/tiny-qwen2-sft")  # the final HF checkpoint
-    resume_mode: str = "disable"  # auto | disable | a global_step_* folder
+    hf_output_dir: str | None = path_field(None)  # the final HF checkpoint; None: <default_local_dir>/hf
+    resume_mode: str = "disable"  # auto | disable | a global_step_* folder | resume_path (verl's)
+    resume_from_path: str | None = path_field(None)  # with resume_mode=resume_path
     max_ckpt_to_keep: int | None = None  # None: keep all
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project_name: str = "hybridflow-sft"
@@ -84,21 +91,25 @@ class SFTTrainerConfig:
 class SFTConfig:
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
+    optim: SFTOptimConfig = field(default_factory=lambda: SFTOptimConfig(lr=1e-4))
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
 
 
 def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
     """Like ``load_config`` for the SFT tree: unknown keys and wrong types raise ConfigError."""
-    from hybridflow.config.load import RESUME_MODES, absolute_path
+    from hybridflow.config.load import resolve_resume_mode
 
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
     sft.model.strategy = STRATEGY_ALIASES.get(sft.model.strategy, sft.model.strategy)
     if sft.model.partial_pretrain:  # a verl SFT script names the model so
         sft.model.path = sft.model.partial_pretrain
-    if sft.trainer.resume_mode not in RESUME_MODES:
-        sft.trainer.resume_mode = absolute_path(sft.trainer.resume_mode, base_dir)
+    if sft.optim.warmup_steps_ratio is not None:  # verl's SFT name
+        sft.optim.lr_warmup_steps_ratio = sft.optim.warmup_steps_ratio
+    t = sft.trainer
+    t.resume_mode = resolve_resume_mode(t.resume_mode, t.resume_from_path, base_dir)
+    if t.hf_output_dir is None:  # beside the run's checkpoints, as the RL recipe's hf/
+        t.hf_output_dir = os.path.join(t.default_local_dir, "hf")
     return sft
 
 
@@ -143,6 +154,13 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
     else:
         errors.append(fsdp_size_error("model", m.strategy, m.fsdp_config.fsdp_size, world))
         dp = world // (tp * pp)
+        if d.micro_batch_size is not None:  # verl's deprecated global size: per rank, as verl's trainer does
+            if d.micro_batch_size % dp:
+                errors.append(f"data.micro_batch_size={d.micro_batch_size} (verl's deprecated size over all {dp} "
+                              "data-parallel workers) must be a multiple of that: set data.micro_batch_size_per_gpu "
+                              "instead and remove it")
+            else:
+                d.micro_batch_size_per_gpu, d.micro_batch_size = d.micro_batch_size // dp, None
         if d.train_batch_size % (d.micro_batch_size_per_gpu * dp):
             errors.append(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
                           f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} x {dp} "

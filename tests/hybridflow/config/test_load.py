@@ -184,6 +184,24 @@ def test_sft_takes_verls_name_for_the_model():
     assert cfg.model.path == "/models/qwen"
 
 
+def test_sft_takes_verls_fsdp_sft_trainer_keys(tmp_path):
+    """Keys of verl's fsdp_sft_trainer.yaml that have a meaning here, under verl's names."""
+    cfg = load_sft_config(compose_config("sft", [
+        "optim.warmup_steps_ratio=0.1", "data.micro_batch_size=8", "trainer.n_gpus_per_node=2",
+        "trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}/run",
+        f"trainer.default_local_dir={tmp_path}/out"], schema=SFTConfig))
+    assert cfg.optim.lr_warmup_steps_ratio == 0.1
+    assert cfg.trainer.resume_mode == f"{tmp_path}/run"
+    # the final model goes beside the run's checkpoints, not over the demo's model
+    assert cfg.trainer.hf_output_dir == f"{tmp_path}/out/hf"
+    validate_sft(cfg, check_paths=False)
+    assert (cfg.data.micro_batch_size_per_gpu, cfg.data.micro_batch_size) == (4, None)  # 8 over 2 workers
+    odd = load_sft_config(compose_config("sft", ["data.micro_batch_size=3", "trainer.n_gpus_per_node=2"],
+                                         schema=SFTConfig))
+    with pytest.raises(ConfigError, match=r"data.micro_batch_size=3 \(verl's deprecated size over all 2"):
+        validate_sft(odd, check_paths=False)
+
+
 def test_sft_runs_a_verl_sft_scripts_keys():
     cfg = load_sft_config(compose_config("sft", [
         "use_remove_padding=true", "ulysses_sequence_parallel_size=1", "data.prompt_key=extra_info",
