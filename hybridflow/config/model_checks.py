@@ -30,9 +30,10 @@ def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: i
                       f"{[k for k in range(1, value + 1) if value % k == 0 and k <= 8]}")
 
 
-def external_lib_errors(cfg: RootConfig) -> list[str]:
-    """Imports each model's external_lib here, in the driver (the workers import it again)."""
-    libs = [(f"{ARR}.model.external_lib", cfg.actor_rollout_ref.model.external_lib)]
+def side_external_lib_errors(cfg: RootConfig) -> list[str]:
+    """Imports the critic's and reward model's external_lib here, in the driver (the workers
+    import it again); ``validate`` imports the actor's first of all."""
+    libs = []
     if needs_critic(cfg):
         libs.append(("critic.model.external_lib", critic_external_lib(cfg)))
     if cfg.reward_model.enable:

@@ -25,10 +25,10 @@ from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 from hybridflow.config.model_checks import (
-    cpu_moe_rollout_errors, external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
+    cpu_moe_rollout_errors, side_external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
     read_model_config,
 )
-from hybridflow.model_overrides import overridden_dict
+from hybridflow.model_overrides import external_lib_error, overridden_dict
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,10 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     ``actor_rollout_ref.model.path`` when that exists. ``check_paths=False`` skips the file
     checks (a dry run before the demo data is built). Logs warnings for legal but odd settings.
     """
-    errors = range_errors(cfg) + name_errors(cfg)
+    # first: the actor's external_lib may register names checked below (an advantage estimator, a
+    # policy loss) as well as its model_type
+    lib_error = external_lib_error(f"{ARR}.model.external_lib", cfg.actor_rollout_ref.model.external_lib)
+    errors = ([lib_error] if lib_error else []) + range_errors(cfg) + name_errors(cfg)
     if errors:  # the checks below divide by these values
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
@@ -57,7 +60,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if not parallel:  # the batch rules divide by the data-parallel sizes
         errors += convert_global_micro_batch_sizes(cfg) + batch_errors(cfg)
     # imported before the model's config is read: the module may register its model_type
-    errors += external_lib_errors(cfg)
+    errors += side_external_lib_errors(cfg)
     if check_paths:
         errors += path_errors(cfg)
         if model_config is None:

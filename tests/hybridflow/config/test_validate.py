@@ -458,3 +458,20 @@ def test_gradient_checkpointing_says_it_turns_prompt_sharing_off(run_dir, caplog
         validate(grpo(actor_rollout_ref__model__enable_gradient_checkpointing=True))
     assert "actor_rollout_ref.model.enable_gradient_checkpointing=true turns off" in caplog.text
     assert "critic.model" not in caplog.text  # GRPO trains no critic
+
+
+def test_an_external_lib_may_register_an_advantage_estimator(run_dir, monkeypatch):
+    """model.external_lib is imported before the names are checked, so a user's module can add
+    an estimator (or a policy loss) by config alone."""
+    from hybridflow.algorithms import ADVANTAGE_ESTIMATORS
+
+    (run_dir / "my_estimators.py").write_text(
+        "from hybridflow.algorithms.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator, grpo\n"
+        "ADVANTAGE_ESTIMATORS['my_grpo'] = AdvantageEstimator('my_grpo', grpo, needs_groups=True)\n")
+    monkeypatch.syspath_prepend(str(run_dir))
+    monkeypatch.delitem(ADVANTAGE_ESTIMATORS, "my_grpo", raising=False)
+    assert "algorithm.adv_estimator='my_grpo'" in error_of(grpo(algorithm__adv_estimator="my_grpo"))
+    try:
+        validate(grpo(algorithm__adv_estimator="my_grpo", actor_rollout_ref__model__external_lib="my_estimators"))
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("my_grpo", None)
