@@ -262,7 +262,8 @@ class PPOTrainer:
         ``val_kwargs.n > 1`` mean@N, best@N, ... (trainer/val_metrics.py)."""
         vk, t = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer
         keep = t.log_val_generations
-        scores, sources, extras, samples, errors = [], [], [], [], 0.0  # samples: text rows for log_val_generations / validation_data_dir
+        scores, sources, extras, errors = [], [], [], 0.0
+        samples = []  # text rows for log_val_generations / validation_data_dir
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
