@@ -135,6 +135,20 @@ def find_resume_dir(root: str, resume_mode: str) -> str | None:
     return path
 
 
+def lora_layout(model) -> dict:
+    """A model section's LoRA settings, for a role's layout: the checkpoint's tensors are the base
+    weights and adapters of that rank and placement, and the scaling alpha/rank is applied on load,
+    so resuming with other values fails deep in the optimizer state or silently changes the model.
+    Empty without LoRA (layouts saved before this key existed stay comparable)."""
+    if not model.lora_rank:
+        return {}
+    def names(value):
+        return [value] if isinstance(value, str) else list(value)
+
+    return {"lora_rank": model.lora_rank, "lora_alpha": float(model.lora_alpha),
+            "target_modules": names(model.target_modules), "exclude_modules": names(model.exclude_modules)}
+
+
 def check_layout(path: str, saved: dict, current: dict) -> None:
     """Refuse to resume when the worker layout differs: each rank's files (optimizer shards,
     per-rank RNG streams) belong to one rank of one layout, so loading them elsewhere would be
@@ -149,7 +163,8 @@ def check_layout(path: str, saved: dict, current: dict) -> None:
              if saved.get(role, {}).get(key) != current.get(role, {}).get(key)]
     if diffs:
         raise CheckpointError(f"checkpoint {path} was saved with another worker layout ({'; '.join(diffs)}): resume "
-                              f"with the saved settings (trainer.nnodes, trainer.n_gpus_per_node, parallel sizes), "
+                              f"with the saved settings (trainer.nnodes, trainer.n_gpus_per_node, parallel sizes, "
+                              f"LoRA keys), "
                               f"or export it with `python -m hybridflow.export` and start a new run from the export")
 
 

@@ -357,9 +357,11 @@ def worker_layout(cfg) -> dict:
     d, arr = derive(cfg), cfg.actor_rollout_ref
     tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
     layout = {"actor_rollout_ref": {"world_size": d.actor_world, "strategy": arr.actor.strategy,
-                                    "tp": tp, "pp": pp, "rollout_tp": arr.rollout.tensor_model_parallel_size}}
+                                    "tp": tp, "pp": pp, "rollout_tp": arr.rollout.tensor_model_parallel_size,
+                                    **ckpt.lora_layout(arr.model)}}
     if d.use_critic:
         c = cfg.critic
         ctp, cpp = model_parallel(c.strategy, c.megatron)
-        layout["critic"] = {"world_size": d.critic_world, "strategy": c.strategy, "tp": ctp, "pp": cpp}
+        layout["critic"] = {"world_size": d.critic_world, "strategy": c.strategy, "tp": ctp, "pp": cpp,
+                              **ckpt.lora_layout(c.model)}
     return layout

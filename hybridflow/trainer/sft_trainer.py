@@ -101,4 +101,5 @@ def sft_worker_layout(cfg) -> dict:
     tp, pp = model_parallel(m.strategy, m.megatron)
     # fsdp_size is left out on purpose: DCP re-shards on load, so a run may resume replicated
     # from a sharded checkpoint and back (tests/workers/engines/test_fsdp_engine.py)
-    return {"sft": {"world_size": t.nnodes * t.n_gpus_per_node, "strategy": m.strategy, "tp": tp, "pp": pp}}
+    return {"sft": {"world_size": t.nnodes * t.n_gpus_per_node, "strategy": m.strategy, "tp": tp, "pp": pp,
+                    **ckpt.lora_layout(m)}}

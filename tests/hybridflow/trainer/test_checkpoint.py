@@ -200,3 +200,24 @@ def test_a_mismatched_or_foreign_checkpoint_is_refused_from_the_config_alone(tmp
     sft = load_sft_config(compose_config("sft", [f"trainer.default_local_dir={run}", "trainer.resume_mode=auto"]))
     with pytest.raises(ckpt.CheckpointError, match=r"saved by another recipe \(roles \['actor_rollout_ref'\]"):
         ckpt.open_resume(str(run), "auto", sft_worker_layout(sft))
+
+
+def test_a_lora_checkpoint_resumes_only_with_its_lora_settings():
+    """The saved tensors are a base model plus rank-r adapters scaled by alpha/r on load: resumed
+    without LoRA the optimizer state failed to load deep in a worker; with another alpha the
+    model silently changed (validation 0.44 -> 0.0). Both are refused from the config alone."""
+    from hybridflow.config import compose_config, load_config
+    from hybridflow.trainer.ppo_trainer import worker_layout
+
+    def layout(*overrides):
+        return worker_layout(load_config(compose_config("grpo", list(overrides))))
+
+    saved = layout("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8")
+    ckpt.check_layout("ckpt", saved, layout("actor_rollout_ref.model.lora_rank=4",
+                                            "actor_rollout_ref.model.lora_alpha=8"))
+    with pytest.raises(ckpt.CheckpointError, match=r"actor_rollout_ref.lora_alpha: saved 8.0, now 2000.0.*LoRA keys"):
+        ckpt.check_layout("ckpt", saved, layout("actor_rollout_ref.model.lora_rank=4",
+                                                "actor_rollout_ref.model.lora_alpha=2000"))
+    with pytest.raises(ckpt.CheckpointError, match=r"actor_rollout_ref.lora_rank: saved 4, now None"):
+        ckpt.check_layout("ckpt", saved, layout())
+    assert "lora_rank" not in layout()["actor_rollout_ref"]  # layouts without LoRA are as before
