@@ -116,7 +116,7 @@ def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
 def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
                  model_config: dict | None = None, check_paths: bool = True) -> None:
     """Raise ConfigError (one line, every problem) if the SFT run cannot start."""
-    from hybridflow.tracking.tracker import BACKENDS
+    from hybridflow.tracking.tracker import BACKENDS, backend_import_errors
 
     d, m, t = cfg.data, cfg.model, cfg.trainer
     rows = [("data.max_length", d.max_length, POSITIVE), ("data.train_batch_size", d.train_batch_size, POSITIVE),
@@ -139,6 +139,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
              ("data.truncation", d.truncation, TRUNCATION_MODES), ("trainer.device", t.device, DEVICES)]
     errors += [unknown_name(k, val, allowed) for k, val, allowed in names if val not in allowed]
     errors += [unknown_name("trainer.logger", n, BACKENDS) for n in t.logger if n not in BACKENDS]
+    errors += backend_import_errors(t.logger)
     errors += lora_strategy_errors("model", m.lora_rank, "model.strategy", m.strategy)
     if errors:
         raise ConfigError("; ".join(errors))

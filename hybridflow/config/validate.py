@@ -90,7 +90,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
     )
     from hybridflow.rewards.manager import REWARD_MANAGERS
     from hybridflow.trainer.dynamic_sampling import FILTER_METRICS
-    from hybridflow.tracking.tracker import BACKENDS
+    from hybridflow.tracking.tracker import BACKENDS, backend_import_errors
 
     a, r, c, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic, cfg.trainer
     checks = [
@@ -118,6 +118,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
     ]
     errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
     errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
+    errors += backend_import_errors(t.logger)
     if len(set(t.logger)) != len(t.logger):
         errors.append(f"trainer.logger={t.logger} lists a logger twice: list each once")
     ref_strategy = cfg.actor_rollout_ref.ref.strategy

@@ -29,6 +29,30 @@ BACKENDS: dict[str, type] = {
     "wandb": WandbLogger,
 }
 
+# the package each optional backend imports, and how to get it
+BACKEND_PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "pip install tensorboard"),
+                    "mlflow": ("mlflow", "pip install 'hybridflow[loggers]' (or pip install mlflow)"),
+                    "wandb": ("wandb", "pip install 'hybridflow[loggers]' (or pip install wandb)")}
+
+
+def backend_import_errors(names: Iterable[str]) -> list[str]:
+    """One line per requested backend whose package does not import here (run before Ray starts,
+    so a missing logger costs a second, not a model load)."""
+    import importlib
+
+    errors = []
+    for name in dict.fromkeys(names):
+        if name not in BACKEND_PACKAGES:
+            continue
+        module, fix = BACKEND_PACKAGES[name]
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # a broken install is as unusable as a missing one
+            reason = str(err).splitlines()[0] if str(err) else ""
+            errors.append(f"trainer.logger '{name}' needs the {module.split('.')[-1]} package "
+                          f"({type(err).__name__}: {reason}): {fix}")
+    return errors
+
 
 def with_jsonl(loggers: str | Iterable[str]) -> list[str]:
     """A recipe's loggers: the user's ``trainer.logger`` plus ``jsonl``.

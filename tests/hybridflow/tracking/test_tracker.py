@@ -192,3 +192,17 @@ def test_wandb_offline_run_holds_config_and_history(tmp_path, monkeypatch):
     assert [{k: v for k, v in h.items() if not k.startswith("_")} for h in history] == [
         STEPS[1], STEPS[2]]
     assert [h["_step"] for h in history] == [1, 2]
+
+
+def test_a_logger_whose_package_is_missing_is_named_before_ray(monkeypatch):
+    """The config check imports each requested backend's package: a missing one used to fail
+    after the workers had loaded the model."""
+    import sys
+
+    from hybridflow.tracking.tracker import backend_import_errors
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what a missing package looks like to import
+    assert backend_import_errors(["console", "jsonl", "wandb", "wandb"]) == [
+        "trainer.logger 'wandb' needs the wandb package (ModuleNotFoundError: import of wandb halted; None in sys.modules): "
+        "pip install 'hybridflow[loggers]' (or pip install wandb)"]
+    assert backend_import_errors(["console", "tensorboard"]) == []
