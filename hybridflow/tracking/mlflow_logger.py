@@ -1,11 +1,12 @@
-"""MLflow run in a local SQLite store under `<output_dir>/mlruns` (no tracking server).
+"""MLflow run in a local SQLite store under `<output_dir>/mlruns` (no tracking server), or where
+MLFLOW_TRACKING_URI points when it is set (a server, or the user's own store).
 
 The store is `<output_dir>/mlruns/mlflow.db` with artifacts in `<output_dir>/mlruns/artifacts`.
 Not the plain `./mlruns` file store: MLflow 3.x put that in maintenance mode and refuses to open
 it unless MLFLOW_ALLOW_FILE_STORE=true is set process-wide; SQLite is its local replacement.
 
 Uses `MlflowClient` with an explicit tracking URI instead of the fluent `mlflow.start_run`
-API, so nothing global changes (no active run, no MLFLOW_TRACKING_URI) and two trackers in
+API, so nothing global changes (no active run, MLFLOW_TRACKING_URI only read) and two trackers in
 one process do not interfere. Browse with
 `mlflow ui --backend-store-uri sqlite:///<output_dir>/mlruns/mlflow.db`.
 The experiment is `project_name`, the run name is `experiment_name`, params are the flattened
@@ -46,15 +47,18 @@ class MlflowLogger:
         except ImportError:  # older mlflow: the documented limit of those versions
             MAX_PARAM_VAL_LENGTH = 500
         self._Metric, self._max_param_len = Metric, MAX_PARAM_VAL_LENGTH
-        store_dir = os.path.join(os.path.abspath(output_dir), "mlruns")
-        os.makedirs(store_dir, exist_ok=True)
-        self.tracking_uri = "sqlite:///" + os.path.join(store_dir, "mlflow.db")
+        # MLFLOW_TRACKING_URI (a tracking server, or a store of the user's) wins, as in verl
+        self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        artifacts = None  # the store's own default
+        if not self.tracking_uri:
+            store_dir = os.path.join(os.path.abspath(output_dir), "mlruns")
+            os.makedirs(store_dir, exist_ok=True)
+            self.tracking_uri = "sqlite:///" + os.path.join(store_dir, "mlflow.db")
+            artifacts = Path(store_dir, "artifacts").as_uri()
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         experiment = self.client.get_experiment_by_name(project_name)
         experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(
-                             project_name,
-                             artifact_location=Path(store_dir, "artifacts").as_uri()))
+                         else self.client.create_experiment(project_name, artifact_location=artifacts))
         self.run_id = self.client.create_run(experiment_id, run_name=experiment_name).info.run_id
         params = [Param(mlflow_name(k), self._param_value(v))
                   for k, v in flatten_config(config).items()]

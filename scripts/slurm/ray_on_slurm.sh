@@ -9,7 +9,8 @@
 # entry runs in this batch step (on the head node) once every node has joined, and finds the
 # cluster through RAY_ADDRESS, so `ray.init()` / `ray.init(address="auto")` connect to it.
 # On exit (success, failure, scancel, time limit) the Ray processes started here are stopped.
-# See scripts/slurm/README.md for the settings below.
+# See scripts/slurm/README.md for the settings below; RAY_HEAD_IP sets the address the other
+# nodes reach the head at, when the first one `hostname -I` lists is not it (a docker bridge).
 #
 #SBATCH --job-name=hybridflow
 #SBATCH --nodes=2
@@ -122,12 +123,16 @@ trap stop_ray EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
+# Slurm 22.05+ no longer passes the job's --cpus-per-task on to srun steps: say it, or a Ray
+# node told --num-cpus=$SLURM_CPUS_PER_TASK would be pinned to one CPU
+step_cpus=()
+[[ -n "${SLURM_CPUS_PER_TASK:-}" ]] && step_cpus=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
 echo "ray_on_slurm.sh: Ray head on $head_node ($RAY_ADDRESS), $((num_nodes - 1)) worker node(s)"
-srun --overlap --nodes=1 --ntasks=1 -w "$head_node" --job-name="$ray_step_name" \
+srun --overlap --nodes=1 --ntasks=1 -w "$head_node" --job-name="$ray_step_name" "${step_cpus[@]}" \
     ray start --head --node-ip-address="$head_ip" --port="$RAY_PORT" "${ray_args[@]}" &
 ray_step_pids+=($!)
 for node in "${nodes[@]:1}"; do
-    srun --overlap --nodes=1 --ntasks=1 -w "$node" --job-name="$ray_step_name" \
+    srun --overlap --nodes=1 --ntasks=1 -w "$node" --job-name="$ray_step_name" "${step_cpus[@]}" \
         ray start --address="$RAY_ADDRESS" "${ray_args[@]}" &
     ray_step_pids+=($!)
 done

@@ -151,6 +151,18 @@ def test_mlflow_run_has_params_and_metric_history(tmp_path):
                                                                  "val/pass_1")] == [(2, 0.5)]
 
 
+def test_mlflow_tracking_uri_in_the_environment_wins(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/elsewhere.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracker = Tracker(["mlflow"], "proj", "exp", str(tmp_path / "run"), CONFIG)
+    backend = tracker.backends["mlflow"]
+    _log_steps(tracker)
+    run = MlflowClient(tracking_uri=uri).get_run(backend.run_id)
+    assert run.info.status == "FINISHED" and not (tmp_path / "run" / "mlruns").exists()
+
+
 def _wandb_records(path):
     """Records of a .wandb file: a LevelDB-style log (7-byte file header, 32 KiB blocks, each
     record chunk prefixed by crc32/len/type) of `wandb_internal_pb2.Record` protobufs."""
