@@ -134,6 +134,12 @@ class RewardManager:
         if self.overlong_buffer is not None:
             buffer, factor = self.overlong_buffer
             penalties = [overlong_penalty(n, max_response_length, buffer, factor) for n in lengths]
+            # per sample, as verl's dapo manager reports them, plus the score before the penalty:
+            # validation (which the penalty applies to as well) then still shows the task's score
+            for extra, score, penalty in zip(extras, scores, penalties):
+                extra.setdefault("task_score", score)
+                extra.setdefault("overlong_reward", penalty)
+                extra.setdefault("overlong", penalty < 0)
             scores = [score + penalty for score, penalty in zip(scores, penalties)]
 
         token_level_scores = torch.zeros(batch, max_response_length, dtype=torch.float32)

@@ -205,6 +205,9 @@ def test_dapo_manager_adds_the_soft_overlong_penalty():
     assert out.token_level_scores[2, 7].item() == 0.75
     assert out.metrics["reward/overlong/frac"] == 0.5
     assert out.metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.75 / 4)
+    # per sample, verl's names, and the score before the penalty (validation shows it as val/task_score)
+    assert out.extra["task_score"] == [1.0] * 4 and out.extra["overlong_reward"] == [0.0, 0.0, -0.25, -0.5]
+    assert out.extra["overlong"] == [False, False, True, True]
     assert overlong_penalty(10, 10, 10, 1.0) == -1.0 and overlong_penalty(0, 10, 10, 1.0) == 0.0
     with pytest.raises(ValueError, match="set reward_model.reward_manager=dapo"):
         make_reward_manager(None, overlong_buffer=(4, 0.5))
