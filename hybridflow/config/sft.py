@@ -17,7 +17,7 @@ from hybridflow.config.load import to_dataclass
 from hybridflow.config.ranges import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, optim_rows
 from hybridflow.config.trainer import RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
-from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, unknown_name
+from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, hub_id_hint, unknown_name
 from hybridflow.config.verl_keys import lora_strategy_errors
 
 
@@ -202,7 +202,6 @@ def _sft_path_errors(cfg: SFTConfig) -> list[str]:
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         errors.append(f"model.path: {cfg.model.path} is not an HF checkpoint directory (no "
                       f"config.json): fix the path{hub_id_hint(cfg.model.path)}")
-    from hybridflow.config.validate import hub_id_hint
     from hybridflow.trainer.generations import writable_folder_error
 
     problem = writable_folder_error(cfg.trainer.default_local_dir, keep=False)  # a bad one fails before Ray

@@ -202,6 +202,16 @@ def test_sft_takes_verls_fsdp_sft_trainer_keys(tmp_path):
         validate_sft(odd, check_paths=False)
 
 
+def test_sft_missing_model_is_one_line_with_the_hub_hint(tmp_path, monkeypatch):
+    """The SFT path check named a helper it imported only further down (UnboundLocalError)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_sft_config(compose_config("sft", ["model.path=Qwen/Qwen2.5-0.5B-Instruct",
+                                                 f"trainer.default_local_dir={tmp_path}/out"], schema=SFTConfig))
+    with pytest.raises(ConfigError, match=r"model.path: .*Qwen/Qwen2.5-0.5B-Instruct is not an HF checkpoint "
+                                          r"directory .*download it first \(`hf download Qwen/Qwen2.5-0.5B-Instruct"):
+        validate_sft(cfg)
+
+
 def test_sft_runs_a_verl_sft_scripts_keys():
     cfg = load_sft_config(compose_config("sft", [
         "use_remove_padding=true", "ulysses_sequence_parallel_size=1", "data.prompt_key=extra_info",
