@@ -17,7 +17,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from hybridflow.algorithms import apply_kl_penalty, combine_metric, compute_advantage, get_advantage_estimator, make_kl_controller
+from hybridflow.algorithms import (
+    apply_kl_penalty, combine_metric, compute_advantage, get_advantage_estimator, make_kl_controller,
+)
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
@@ -25,7 +27,7 @@ from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.reward_process import RewardProcess, score_batch
-from hybridflow.trainer.val_metrics import validation_metrics
+from hybridflow.trainer.val_metrics import join_columns, validation_metrics
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
 )
@@ -281,12 +283,12 @@ class PPOTrainer:
                                            limit=wanted)
             scores += batch_scores
             sources += list(rep.non_tensor_batch["data_source"])
-            extras.append(extra)
+            extras.append((len(out), extra))
         if keep:
             write_val_generations(t.default_local_dir, self.global_step, samples[:keep])
         if t.validation_data_dir:
             dump_generations(t.validation_data_dir, self.global_step, samples)
-        result = validation_metrics(scores, sources, vk.n, _concat_columns(extras))
+        result = validation_metrics(scores, sources, vk.n, join_columns(extras))
         if self.rm is None:  # samples the reward function raised on (scored 0), as reward/errors in training
             result["val/reward_errors"] = errors
         return result
@@ -327,12 +329,6 @@ class PPOTrainer:
         ckpt.set_controller_rng_state(state["rng"])
         self.global_step = state["global_step"]
         print(f"resumed from {path} at step {self.global_step}", flush=True)
-
-
-def _concat_columns(parts: list[dict]) -> dict:
-    """Per-batch extra-field columns joined; a field some batch lacks is dropped."""
-    keys = set.intersection(*(set(p) for p in parts)) if parts else set()
-    return {k: [v for p in parts for v in p[k]] for k in keys}
 
 
 def _mean_dicts(dicts) -> dict:

@@ -61,6 +61,14 @@ def validation_metrics(scores: Sequence[float], sources: Sequence[str], n: int,
     return out
 
 
+def join_columns(parts: list[tuple[int, dict[str, Sequence[Any]]]]) -> dict[str, list]:
+    """Per-batch extra-field columns ``(rows, {field: values})`` as one column per field; a batch
+    without a field (its reward function raised on every sample) gives None for its rows, so
+    the field is averaged over the other batches rather than dropped."""
+    keys = sorted(set().union(*(columns for _, columns in parts)))
+    return {k: [v for rows, columns in parts for v in columns.get(k, [None] * rows)] for k in keys}
+
+
 def _put(out: dict, key: str, value) -> None:
     if not np.isnan(value):
         out[key] = float(value)

@@ -47,3 +47,14 @@ def test_a_field_missing_on_some_samples_averages_the_rest():
     assert out["val/acc/best@2"] == pytest.approx(1.0)  # prompts 1 and 2; prompt 3 has no acc at all
     assert out["val/acc/a/mean"] == pytest.approx(2 / 3) and "val/acc/b/mean" not in out
     assert out["val/score/mean"] == pytest.approx(1 / 3)
+
+
+def test_a_batch_without_a_field_leaves_none_for_its_rows():
+    """A validation batch where the reward function raised on every sample has no acc column; the
+    other batches' acc still counts."""
+    from hybridflow.trainer.val_metrics import join_columns
+
+    columns = join_columns([(2, {"acc": [1.0, 0.0], "pred": ["3", "4"]}), (2, {}), (1, {"acc": [1.0]})])
+    assert columns == {"acc": [1.0, 0.0, None, None, 1.0], "pred": ["3", "4", None, None, None]}
+    out = validation_metrics([1, 0, 0, 0, 1], ["a"] * 5, n=1, extra=columns)
+    assert out["val/acc/mean"] == pytest.approx(2 / 3)
