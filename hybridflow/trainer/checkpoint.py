@@ -140,13 +140,9 @@ def lora_layout(model) -> dict:
     weights and adapters of that rank and placement, and the scaling alpha/rank is applied on load,
     so resuming with other values fails deep in the optimizer state or silently changes the model.
     Empty without LoRA (layouts saved before this key existed stay comparable)."""
-    if not model.lora_rank:
-        return {}
-    def names(value):
-        return [value] if isinstance(value, str) else list(value)
+    from hybridflow.config.derived import lora_kwargs
 
-    return {"lora_rank": model.lora_rank, "lora_alpha": float(model.lora_alpha),
-            "target_modules": names(model.target_modules), "exclude_modules": names(model.exclude_modules)}
+    return lora_kwargs(model) if model.lora_rank else {}
 
 
 def check_layout(path: str, saved: dict, current: dict) -> None:
