@@ -39,7 +39,11 @@ def resolve_shard_size(fsdp_size: int, dp_size: int) -> int:
 def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype: str,
           trainable: bool, prefetch: bool = True) -> torch.nn.parallel.DistributedDataParallel | None:
     """Lay ``model`` out in place; returns the DDP wrapper in the replicated layout (None for a
-    frozen model, which needs no gradient reduction, and for the sharded layouts)."""
+    frozen model, which needs no gradient reduction, for a single rank, and for the sharded layouts)."""
+    if shard_size == 1 and dp_size == 1:
+        # one rank: nothing to shard or reduce; FSDP2 on a 1-rank mesh would still copy every
+        # layer's parameters in and out (and cast them) around each forward and backward
+        return None
     if shard_size == 1 and dp_size > 1:
         if not trainable:
             return None

@@ -2,8 +2,14 @@
 
 The alignment rule of docs/contracts.md: the log-prob of response token ``t`` (0-based) comes
 from the logits at sequence position ``P + t - 1`` divided by the sampling temperature, with
-``log_softmax`` over the full vocabulary. Computed as ``logit[label] - logsumexp(logits)`` so no
-``[.., V]`` log-softmax tensor is materialised besides the logits themselves.
+``log_softmax`` over the full vocabulary.
+
+:func:`response_log_probs` runs one fused ``log_softmax`` and reads both outputs from it (entropy
+``-sum p log p`` with ``p = exp(log p)``), instead of the textbook ``logsumexp`` + ``softmax``
+pair: ``logsumexp`` is several passes over the ``[.., V]`` logits forward and backward, and at a
+150k vocabulary those passes, not the model, were most of the engines' overhead over a plain loop
+on a GPU (scripts/bench/engines_gpu.py). The log-softmax tensor is the size of the fp32 logits,
+which autograd keeps either way.
 """
 from __future__ import annotations
 
@@ -49,7 +55,11 @@ def response_log_probs(resp_logits: Tensor, responses: Tensor, temperature: floa
     if not temperature > 0:
         raise ValueError(f"temperature={temperature!r}: log-probs need a positive sampling temperature "
                          "(use 1.0 for greedy/unscaled)")
-    scaled = resp_logits.float() / temperature
-    log_probs = log_probs_from_logits(scaled, responses)
-    entropy = entropy_from_logits(scaled) if calculate_entropy else None
+    scaled = resp_logits.float()
+    if temperature != 1.0:  # a pass over the logits saved at the usual T = 1
+        scaled = scaled / temperature
+    log_p = torch.log_softmax(scaled, dim=-1)
+    log_probs = log_p.gather(-1, responses.long().unsqueeze(-1)).squeeze(-1)
+    # exp(log p) underflows to exactly 0 where p does, so 0 * log p stays finite
+    entropy = -(log_p.exp() * log_p).sum(-1) if calculate_entropy else None
     return log_probs, entropy

@@ -34,6 +34,7 @@ from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, com
 from workers.engines import prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
+from workers.engines.logprob import response_log_probs
 from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
 from workers.engines.megatron_state import GradientSync, load_sharded, save_sharded
 from workers.engines.offload import HostOffload
@@ -173,8 +174,11 @@ class MegatronEngine:
             values = torch.nn.functional.pad(self.model.values(head_in).float(), pad)
             return {"values": torch.where(resp_real, values, torch.zeros_like(values))}
         labels = batch["input_ids"][:, prompt_len: prompt_len + kept].to(self.device)
-        log_probs, entropy = vocab_parallel_response_outputs(self.model.logits(head_in), labels, temperature,
-                                                             calculate_entropy)
+        logits = self.model.logits(head_in)
+        if ps.get_tensor_model_parallel_world_size() == 1:  # the whole vocabulary is here: fused path
+            log_probs, entropy = response_log_probs(logits, labels, temperature, calculate_entropy)
+        else:
+            log_probs, entropy = vocab_parallel_response_outputs(logits, labels, temperature, calculate_entropy)
         out = {"log_probs": log_probs, "entropy": entropy} if entropy is not None else {"log_probs": log_probs}
         out = {k: torch.nn.functional.pad(v, pad) for k, v in out.items()}
         return {k: torch.where(resp_real, v, torch.zeros_like(v)) for k, v in out.items()}

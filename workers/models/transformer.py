@@ -151,12 +151,13 @@ class SelfAttention(nn.Module):
             q, k = self.q_layernorm(q), self.k_layernorm(k)
         return q.transpose(1, 2), k.transpose(1, 2), v.reshape(rows, cols, self.nkv, self.hd).transpose(1, 2)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """SDPA with HF's repeat_kv (query head j uses kv head j // group); ``[b, s, nq*hd]``."""
         group = self.nq // self.nkv
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # mask None: no padding key anywhere, so the causal kernel (flash on GPU) does the masking
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], self.nq * self.hd)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
@@ -282,9 +283,10 @@ class MegatronCausalLM(nn.Module):
         the same shapes and each stage shares again from its input."""
         x = self.embedding.word_embeddings(input_ids) if self.pre_process else hidden
         cos, sin = self.rotary(position_ids, x.dtype)
-        mask = attention_mask_4d(attention_mask)
         if shared is not None:
-            return self._forward_shared(x, cos, sin, mask, shared)
+            return self._forward_shared(x, cos, sin, attention_mask_4d(attention_mask), shared)
+        # no padding in the micro-batch (packed data, equal-length prompts): causal SDPA, no mask
+        mask = None if bool(attention_mask.all()) else attention_mask_4d(attention_mask)
         for layer in self.decoder.layers:
             if self.gradient_checkpointing and self.training:
                 x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, mask, use_reentrant=False)

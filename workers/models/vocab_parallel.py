@@ -12,15 +12,6 @@ from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_para
 from torch import Tensor
 
 
-def vocab_parallel_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
-    """``log softmax(z)[label]`` over the full vocabulary = minus megatron's vocab-parallel CE.
-
-    megatron's kernel subtracts the max from its fp32 input *in place*; the input is cloned so
-    the caller's logits (also used for entropy, and saved by autograd) stay intact.
-    """
-    return -vocab_parallel_cross_entropy(logits.float().clone(), labels)
-
-
 def vocab_parallel_entropy(logits: Tensor) -> Tensor:
     """Entropy ``H = log S - sum_v exp(z_v - m) z'_v / S`` with ``z' = z - m``, ``S = sum_v exp(z'_v)``.
 
@@ -42,10 +33,13 @@ def vocab_parallel_entropy(logits: Tensor) -> Tensor:
 
 def vocab_parallel_response_outputs(logits: Tensor, labels: Tensor, temperature: float,
                                     calculate_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropy) of ``labels`` under ``softmax(logits / temperature)``."""
+    """Log-probs (and entropy) of ``labels`` under ``softmax(logits / temperature)``.
+
+    With one TP rank the engine uses workers/engines/logprob.py's fused path instead."""
     if not temperature > 0:
         raise ValueError(f"temperature={temperature!r}: log-probs need a positive sampling temperature "
                          "(use 1.0 for unscaled)")
-    scaled = logits.float() / temperature
+    scaled = logits.float() / temperature  # a new tensor, which megatron's kernel may overwrite:
+    # it subtracts the max in place. Entropy first: its autograd keeps its own tensors, not ``scaled``
     entropy = vocab_parallel_entropy(scaled) if calculate_entropy else None
-    return vocab_parallel_log_probs(scaled, labels), entropy
+    return -vocab_parallel_cross_entropy(scaled, labels), entropy
