@@ -106,14 +106,14 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def write_jsonl(path: str, step: int, rows: list[dict], append: bool = False) -> bool:
-    """Write ``rows`` (each with ``step``) to ``path``; on failure log a warning and return False:
-    losing a text dump must never lose the run."""
+def write_jsonl(path: str, step: int, rows: list[dict], append: bool = False, head: list[str] = ()) -> bool:
+    """Write ``rows`` (each with ``step``) to ``path``, after the raw lines ``head``; on failure log
+    a warning and return False: losing a text dump must never lose the run."""
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         lines = [json.dumps({"step": step, **row}, ensure_ascii=False, default=_jsonable) + "\n" for row in rows]
         with open(path, "a" if append else "w", encoding="utf-8") as f:
-            f.writelines(lines)
+            f.writelines(list(head) + lines)
     except (OSError, TypeError, ValueError) as err:
         logger.warning("could not write %d generations of step %d to %s (%s); training goes on",
                        len(rows), step, path, err)
@@ -128,10 +128,32 @@ def dump_generations(folder: str, step: int, rows: list[dict]) -> str:
     return path
 
 
+def _lines_of_other_steps(path: str, step: int) -> list[str]:
+    """The lines of ``path`` that belong to steps other than ``step`` (a line that does not parse
+    is kept: its step is unknown)."""
+    kept = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    if json.loads(line).get("step") == step:
+                        continue
+                except (ValueError, AttributeError):
+                    pass
+                kept.append(line if line.endswith("\n") else line + "\n")
+    except OSError:
+        pass
+    return kept
+
+
 def write_val_generations(output_dir: str, step: int, rows: list[dict]) -> str:
-    """Append ``rows`` for ``step`` to val_generations.jsonl; print the first; return the file's path."""
+    """Add ``rows`` for ``step`` to val_generations.jsonl; print the first; return the file's path.
+
+    A step validated again (a resumed run repeating its killed predecessor's steps,
+    ``trainer.val_only`` on a finished run) replaces that step's earlier rows instead of adding a
+    second copy."""
     path = os.path.join(output_dir, VAL_GENERATIONS_FILE)
-    if write_jsonl(path, step, rows, append=True) and rows:
+    if write_jsonl(path, step, rows, head=_lines_of_other_steps(path, step)) and rows:
         first = rows[0]
         print(f"[val step {step}] {first['input']!r} -> {first['output']!r} (score {first['score']:g}; "
               f"{len(rows)} samples in {path})", flush=True)

@@ -29,14 +29,36 @@ def test_jsonl_one_record_per_step_and_resume_appends(tmp_path):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{"step": s, **m} for s, m in STEPS.items()]
 
-    # A resumed run (same dir) appends; step 2 logged again replaces it for readers.
+    # A later run in the same dir appends; the step the file ends with, logged again, merges
+    # into its record (new values win, the others stay).
     with Tracker("jsonl", "proj", "exp", str(tmp_path), CONFIG) as tracker:
         tracker.log({"critic/score/mean": 0.875}, step=2)
         tracker.log({"critic/score/mean": 1.0}, step=3)
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
     records = read_metrics(str(tmp_path / "metrics.jsonl"))
     assert [(r["step"], r["critic/score/mean"]) for r in records] == [(1, 0.25), (2, 0.875),
                                                                        (3, 1.0)]
+    assert records[1]["val/score/mean"] == 0.75 and records[1]["actor/pg_loss"] == 0.0625
+
+
+def test_validating_a_finished_run_again_keeps_its_last_training_record(tmp_path):
+    """trainer.val_only on a finished run logs the final step's validation once more: the step's
+    record keeps its training metrics (a reader keeps one record per step) and the new val ones."""
+    _log_steps(Tracker(["jsonl"], "proj", "exp", str(tmp_path), CONFIG))
+    with Tracker("jsonl", "proj", "exp", str(tmp_path), CONFIG) as tracker:
+        tracker.log({"val/score/mean": 0.8125}, step=2)
+        tracker.log({"val/score/mean": 0.875}, step=2)  # and again, in the same process
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"step": 1, **STEPS[1]},
+                                                    {"step": 2, **STEPS[2], "val/score/mean": 0.875}]
+    # a run killed mid-write leaves a torn last line: the next run cuts it off, and readers and
+    # the resume's drop_after see whole records only
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "critic/sc')
+    with Tracker("jsonl", "proj", "exp", str(tmp_path), CONFIG) as tracker:
+        tracker.drop_after(2)
+        tracker.log({"critic/score/mean": 0.5}, step=3)
+    assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2, 3]
 
 
 def test_a_run_keeps_only_the_steps_before_its_start(tmp_path):

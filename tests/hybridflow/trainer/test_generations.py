@@ -118,6 +118,10 @@ def test_val_generations_are_appended_per_step_and_the_first_printed(tok, tmp_pa
     records = [json.loads(line) for line in open(path)]
     assert [(r["step"], r["input"]) for r in records] == [(0, "12+7="), (0, "3+4="), (5, "12+7=")]
     assert "[val step 5] '12+7=' -> '19' (score 1" in capsys.readouterr().out
+    # a step validated again (a resumed run, trainer.val_only on a finished run) replaces its rows
+    write_val_generations(str(tmp_path / "run"), 0, rows[1:])
+    records = [json.loads(line) for line in open(path)]
+    assert [(r["step"], r["input"]) for r in records] == [(5, "12+7="), (0, "3+4=")]
 
 
 def test_an_unwritable_dump_folder_fails_validation_naming_the_key(tmp_path):
