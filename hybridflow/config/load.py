@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hybridflow.config.derived import STRATEGY_ALIASES
+from hybridflow.config.derived import canonical_strategy
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_inert import inert_keys, is_inert, pop_inert_keys
@@ -90,7 +90,7 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
     _fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
-        role.strategy = STRATEGY_ALIASES.get(role.strategy, role.strategy)
+        role.strategy = canonical_strategy(role.strategy)
     root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
     return root
 

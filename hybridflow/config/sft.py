@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config.common import PATH, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
-from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, STRATEGY_ALIASES, model_parallel
+from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
 from hybridflow.config.ranges import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, optim_rows
@@ -101,7 +101,7 @@ def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
     from hybridflow.config.load import resolve_resume_mode
 
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
-    sft.model.strategy = STRATEGY_ALIASES.get(sft.model.strategy, sft.model.strategy)
+    sft.model.strategy = canonical_strategy(sft.model.strategy)
     if sft.model.partial_pretrain:  # a verl SFT script names the model so
         sft.model.path = sft.model.partial_pretrain
     if sft.optim.warmup_steps_ratio is not None:  # verl's SFT name
