@@ -19,8 +19,9 @@ from hybridflow.tiny import make_tiny_checkpoint
 from tests.distributed import run_distributed
 from tests.workers.engines.test_megatron_engine import (CLIP, P, R, ROWS, TEMP, VOCAB, _batch, _config,
                                                         _entropy_pg_loss, _hf_model, _pg_entropy_loss,
-                                                        _reference_step, _weights)
-from tests.workers.engines.fsdp_helpers import hf_response_log_probs, make_grouped_rl_batch, value_loss
+                                                        _reference_log_probs_and_entropy, _reference_step,
+                                                        _weights)
+from tests.workers.engines.fsdp_helpers import make_grouped_rl_batch, value_loss
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
@@ -138,14 +139,7 @@ def run(request, tmp_path_factory):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_log_probs_and_entropy_on_gpu_match_hf(run, strategy):
     assert run[strategy]["param_device"] == "cuda", run["device"]
-    model = _hf_model(run["ckpt"])
-    batch = _batch(1)
-    with torch.no_grad():
-        ref, mask = hf_response_log_probs(model, batch, TEMP)
-        b = batch.batch
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                       position_ids=b["position_ids"]).logits.float()[:, P - 1:-1] / TEMP
-        ref_entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+    ref, ref_entropy, mask = _reference_log_probs_and_entropy(run["ckpt"])
     got, entropy = run[strategy]["log_probs"], run[strategy]["entropy"]
     assert got.shape == (ROWS, R)
     assert (got[mask] - ref[mask]).abs().max() < 1e-4

@@ -223,10 +223,9 @@ def test_layout_coordinates_and_errors(run):
         assert {r[name]["tp_group"] for r in results} == ({"SharedMemoryGroup"} if tp > 1 else {"ProcessGroup"})
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_log_probs_and_entropy_match_hf(run, layout):
-    model = _hf_model(run["ckpt"])
+def _reference_log_probs_and_entropy(ckpt):
+    """The HF model's response log-probs and entropy on ``_batch(1)``, and the response mask."""
+    model = _hf_model(ckpt)
     batch = _batch(1)
     with torch.no_grad():
         ref, mask = hf_response_log_probs(model, batch, TEMP)
@@ -234,6 +233,13 @@ def test_log_probs_and_entropy_match_hf(run, layout):
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                        position_ids=b["position_ids"]).logits.float()[:, P - 1:-1] / TEMP
         ref_entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+    return ref, ref_entropy, mask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_log_probs_and_entropy_match_hf(run, layout):
+    ref, ref_entropy, mask = _reference_log_probs_and_entropy(run["ckpt"])
     got = _collected(run["results"], layout, "log_probs")
     entropy = _collected(run["results"], layout, "entropy")
     assert got.shape == (ROWS, R)
