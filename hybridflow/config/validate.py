@@ -228,7 +228,22 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     errors.append(fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size, side_world))
     errors.append(fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,
                                    side_world))
+    errors.append(replicated_offload_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config, world))
+    if needs_critic(cfg):
+        errors.append(replicated_offload_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config,
+                                               side_world))
     return [e for e in errors if e]
+
+
+def replicated_offload_error(prefix: str, strategy: str, fsdp_config, world: int) -> str | None:
+    """A trained FSDP role with fsdp_size=1 on several workers is DDP, whose gradient buckets stay
+    on the device: its parameters cannot rest in host memory (the engine refuses; say it here,
+    before Ray). A frozen reference has no buckets, so the check is for trained roles only."""
+    if strategy == "fsdp" and fsdp_config.fsdp_size == 1 and world > 1 and fsdp_config.param_offload:
+        return (f"{prefix}.fsdp_config.param_offload=true needs sharded parameters, but fsdp_size=1 makes "
+                f"each of the {world} workers hold the whole model (DDP): set {prefix}.fsdp_config.fsdp_size=-1 "
+                f"or param_offload=false")
+    return None
 
 
 def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:

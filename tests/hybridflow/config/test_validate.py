@@ -95,6 +95,9 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
      "actor_rollout_ref.actor.fsdp_config.fsdp_size=3 must be -1 (shard over all 2 workers), 1 (replicate) "
      "or a divisor of 2"),
     (dict(actor_rollout_ref__ref__fsdp_config__fsdp_size=0), "actor_rollout_ref.ref.fsdp_config.fsdp_size=0 must be"),
+    (dict(actor_rollout_ref__actor__fsdp_config__fsdp_size=1, actor_rollout_ref__actor__fsdp_config__param_offload=True),
+     "actor_rollout_ref.actor.fsdp_config.param_offload=true needs sharded parameters, but fsdp_size=1 makes each "
+     "of the 2 workers hold the whole model (DDP): set actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"),
     (dict(critic__strategy="megatron", critic__model__fsdp_config__fsdp_size=2),
      "critic.model.fsdp_config.fsdp_size=2 only applies to strategy=fsdp"),
     # unknown names
@@ -316,6 +319,12 @@ def test_kl_in_loss_and_reward_is_allowed_with_a_warning(run_dir, caplog):
 
 def test_zero_frequencies_mean_off_as_in_verl(run_dir):
     validate(grpo(trainer__test_freq=0, trainer__save_freq=0))  # the trainer runs neither at <= 0
+
+
+def test_a_frozen_reference_may_rest_in_host_memory_unsharded(run_dir):
+    """Only a trained role has DDP's gradient buckets; the reference with fsdp_size=1 has none."""
+    validate(grpo(actor_rollout_ref__ref__fsdp_config__fsdp_size=1,
+                  actor_rollout_ref__ref__fsdp_config__param_offload=True))
 
 
 def test_remax_runs_with_one_sample(run_dir):
