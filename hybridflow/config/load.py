@@ -26,6 +26,10 @@ T = TypeVar("T")
 # Top-level nodes Hydra itself may leave in a composed config.
 IGNORED_TOP_LEVEL = ("hydra",)
 RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipes" / "config")
+# verl's config names -> what to pass here instead
+VERL_CONFIG_NAMES = {"ppo_trainer": "'ppo'",
+                     "ppo_megatron_trainer": "'ppo' with actor_rollout_ref.actor.strategy=megatron",
+                     "sft_trainer": "'sft'"}
 RESUME_MODES = ("auto", "disable")
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
 
@@ -156,11 +160,17 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    folder = config_dir or RECIPES_CONFIG_DIR
+    if not Path(folder, config_name.removesuffix(".yaml") + ".yaml").is_file():
+        names = sorted(p.stem for p in Path(folder).glob("*.yaml"))
+        hint = VERL_CONFIG_NAMES.get(config_name.removesuffix(".yaml"))
+        raise ConfigError(f"--config-name {config_name}: no such config in {folder}: use one of "
+                          f"{', '.join(names)}" + (f" (verl's {config_name} is {hint} here)" if hint else ""))
     # verl's inert keys are not in the recipes' YAML: let Hydra add them ("++" adds or replaces)
     inert = inert_keys(schema)
     overrides = [f"++{o.lstrip('+')}" if is_inert(_override_key(o) or "", inert) else o for o in overrides]
     try:
-        with initialize_config_dir(config_dir=config_dir or RECIPES_CONFIG_DIR, version_base=None):
+        with initialize_config_dir(config_dir=folder, version_base=None):
             return compose(config_name=config_name, overrides=overrides)
     except HydraException as exc:
         valid, mappings = dotted_keys(schema), mapping_keys(schema)

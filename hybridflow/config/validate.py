@@ -271,7 +271,9 @@ def _minibatch_errors(prefix: str, mini: int, mini_key: str, micro: int, micro_k
                 f"split evenly over the {dp} {prefix} data-parallel ranks: make {mini_key}*n a "
                 f"multiple of {dp}"]
     per_rank = seqs // dp
-    if per_rank % micro:
+    # a micro-batch larger than a rank's share is that share: one micro-batch, same numbers (the
+    # loss is aggregated over the whole mini-batch), so the defaults run on more workers unchanged
+    if micro < per_rank and per_rank % micro:
         return [f"{micro_key}={micro} must divide the {per_rank} sequences each {prefix} rank gets "
                 f"per mini-batch ({mini_key}={mini} x n={n} / dp={dp}): use one of "
                 f"{[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"]
@@ -281,7 +283,7 @@ def _minibatch_errors(prefix: str, mini: int, mini_key: str, micro: int, micro_k
 def batch_errors(cfg: RootConfig) -> list[str]:
     """verl's rules: mini-batches tile the step's prompts, each mini-batch's sequences tile the
     data-parallel ranks, micro-batches tile each rank's share (so train_batch_size * n is also
-    divisible by dp)."""
+    divisible by dp); a micro-batch size above a rank's share means one micro-batch."""
     d = derive(cfg)
     arr, train, n = cfg.actor_rollout_ref, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
     # with use_dynamic_bsz the token budget cuts micro-batches and the row count is not used

@@ -92,6 +92,10 @@ class PPOTrainer:
             history.append({"step": self.global_step, **val})
         if t.val_only:  # verl's evaluation run: the model, or the checkpoint resumed, and stop
             return history
+        if self.global_step >= self.total_steps:  # a finished run started again: say so, then export
+            past = (f"; the checkpoint is past the {self.total_steps} steps asked for, and the model stays "
+                    f"at step {self.global_step}" if self.global_step > self.total_steps else "")
+            print(f"nothing to train: resumed at step {self.global_step}, the run's last step{past}", flush=True)
         bar = _progress(self.total_steps, self.global_step, self.progress)
         while self.global_step < self.total_steps:
             batch = DataProto.from_single_dict(self.train_loader.next_batch())

@@ -167,6 +167,13 @@ def test_split_cli_args():
     assert split_cli_args(["x=1"], "ppo") == ("ppo", ["x=1"])
 
 
+def test_an_unknown_config_name_lists_the_recipes_and_maps_verls_names():
+    with pytest.raises(ConfigError, match=r"--config-name ppo_trainer: no such config .*: use one of "
+                                          r"base, dapo, grpo, gspo, ppo, remax, sft \(verl's ppo_trainer is 'ppo' here\)"):
+        compose_config("ppo_trainer")
+    assert compose_config("grpo.yaml").algorithm.adv_estimator == "grpo"
+
+
 def test_sft_recipe_loads_and_rejects_unknown_keys():
     cfg = load_sft_config(compose_config("sft", ["optim.lr=3e-4", "trainer.total_epochs=1"],
                                          schema=SFTConfig))

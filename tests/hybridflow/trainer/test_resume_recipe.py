@@ -95,3 +95,8 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
         assert (resumed / "rollouts" / f"{step}.jsonl").read_text() == (reference / "rollouts" / f"{step}.jsonl").read_text()
     # the reference's scores are not constant, so the comparison above can tell runs apart
     assert len({round(ref[s]["critic/score/mean"], 6) for s in (1, 2, 3, 4)}) > 1
+
+    # the finished run started again: it says there is nothing to train and its record stays as it was
+    again = run_recipe(assets, reference, *STEPS)
+    assert "nothing to train: resumed at step 4, the run's last step" in again.stdout + again.stderr
+    assert read_steps(reference) == ref
