@@ -42,7 +42,7 @@ def load_tokenizer(path: str):
     """Load a tokenizer, working around transformers 5's qwen2 override of custom tokenizers.
 
     ``AutoTokenizer`` on a folder whose config says qwen2 ignores a saved custom tokenizer.json
-    (ENVIRONMENT.md); a folder we wrote says ``hybridflow_char: true`` and loads as what it is.
+    (docs/environment.md); a folder we wrote says ``hybridflow_char: true`` and loads as what it is.
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 

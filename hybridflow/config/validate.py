@@ -25,7 +25,7 @@ from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 from hybridflow.config.model_checks import (
-    cpu_moe_rollout_errors, side_external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
+    cpu_head_size_errors, cpu_moe_rollout_errors, side_external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
     read_model_config,
 )
 from hybridflow.model_overrides import external_lib_error, overridden_dict
@@ -68,6 +68,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if model_config is not None:
         errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
         errors += cpu_moe_rollout_errors(cfg, model_config)
+        errors += cpu_head_size_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
         # the sizes the run builds: an override of max_position_embeddings counts
         errors += model_shape_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
     errors += device_errors(cfg, available_slots)
@@ -117,6 +118,9 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ("algorithm.filter_groups.metric", cfg.algorithm.filter_groups.metric, FILTER_METRICS),
     ]
     errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
+    registered = ("algorithm.adv_estimator", f"{ARR}.actor.policy_loss.loss_mode")  # README: extending
+    errors = [e + (f" (or register your own in a module named by {ARR}.model.external_lib)"
+                   if e.startswith(registered) else "") for e in errors]
     errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
     errors += backend_import_errors(t.logger)
     if len(set(t.logger)) != len(t.logger):

@@ -203,6 +203,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
         self.max_prompt_length = max_prompt_length
         self.pad_id = pad_token_id(tokenizer)
         self.num_filtered = self.num_truncated = 0
+        # chat messages joined by newlines because the tokenizer has no template (warned once below)
+        joined = 0 if apply_chat_template is None and getattr(tokenizer, "chat_template", None) is None else None
         self._rows: list[dict] = []
         self._ids: list[list[int]] = []
         for path in files:
@@ -212,6 +214,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
                 if len(self._rows) == max_samples:  # verl's *_max_samples: the first kept rows
                     break
                 validate_row(row, path, i, prompt_key, reward_fn_key)
+                if joined is not None and not isinstance(row[prompt_key], str):
+                    joined += 1
                 ids = encode_prompt(tokenizer, row[prompt_key], apply_chat_template, template_kwargs)
                 if not ids:  # generation needs at least one prompt token to continue from
                     raise _row_error(path, i, prompt_key, f"is {row[prompt_key]!r}, which tokenizes to no "
@@ -229,6 +233,11 @@ class RLPromptDataset(torch.utils.data.Dataset):
                     self.num_truncated += 1
                 self._rows.append(row)
                 self._ids.append(ids)
+        if joined:
+            logger.warning("%d prompts of %s are chat messages but the tokenizer has no chat_template: their "
+                           "contents were joined by newlines. If the model was trained with a template, give the "
+                           "tokenizer one (actor_rollout_ref.model.custom_chat_template); data.apply_chat_template="
+                           "false makes the joining explicit and silences this", joined, files)
         if self.num_filtered:
             logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d (%s)",
                            self.num_filtered, self.num_filtered + len(self._rows), max_prompt_length, files)

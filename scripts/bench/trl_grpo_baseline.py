@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         return [compute_score(c, gt) for c, gt in zip(completions, ground_truth)]
 
     # transformers 5 ignores a custom tokenizer.json under a qwen2 config with AutoTokenizer
-    # (ENVIRONMENT.md), so load the char tokenizer as what it is.
+    # (docs/environment.md), so load the char tokenizer as what it is.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

@@ -3,7 +3,7 @@
 Shared by the engines' ``save_hf``: the engine streams full tensors under HF names, rank 0 passes
 them here. Tokenizer files are copied byte for byte from the source checkpoint instead of
 re-saved through a tokenizer object, because transformers 5 re-saving can lose the markers that
-make a custom tokenizer load as itself (ENVIRONMENT.md, tokenizer trap).
+make a custom tokenizer load as itself (docs/environment.md, tokenizer trap).
 """
 from __future__ import annotations
 

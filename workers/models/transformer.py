@@ -2,7 +2,7 @@
 megatron-core TP layers.
 
 Why not megatron-core's GPTModel: it calls ``torch.cuda`` in rotary embeddings and attention
-(ENVIRONMENT.md), so it cannot run on CPU. This module uses only ``megatron.core.tensor_parallel``
+(docs/environment.md), so it cannot run on CPU. This module uses only ``megatron.core.tensor_parallel``
 layers (which run on gloo) and torch SDPA, and reproduces HF's numerics: RMSNorm in fp32, RoPE
 with the ``rotate_half`` convention and HF's inv_freq (including scaled rope types via HF's own
 init functions), grouped-query attention, Qwen3's per-head q/k RMSNorm. Module names are the table of ``layout.py``.

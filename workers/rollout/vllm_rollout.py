@@ -9,7 +9,7 @@ rank. All ranks of a TP group must be given the same prompts (the controller dis
 
 What differs from plain ``LLM.generate``:
 - prompts go in as token ids and the engine never loads a tokenizer (``skip_tokenizer_init``):
-  transformers 5 builds the wrong tokenizer class for custom tokenizers (ENVIRONMENT.md). EOS
+  transformers 5 builds the wrong tokenizer class for custom tokenizers (docs/environment.md). EOS
   ids are therefore passed as ``stop_token_ids`` on every request.
 - log-probs come from ``logprobs_mode="processed_logprobs"``: the distribution after temperature
   and top-k/top-p, i.e. what the token was sampled from (vLLM's default reports raw logits'

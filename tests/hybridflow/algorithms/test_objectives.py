@@ -2,7 +2,7 @@
 import torch
 
 from hybridflow.algorithms.mini_batch_agg import single_batch_meta
-from hybridflow.algorithms.objectives import ActorObjective, make_actor_loss_fn, make_critic_loss_fn
+from hybridflow.algorithms.objectives import ActorObjective, count_skipped_rows, make_actor_loss_fn, make_critic_loss_fn
 from hybridflow.protocol import DataProto
 
 
@@ -68,3 +68,26 @@ def test_inert_rows_are_the_rows_without_gradient():
     loss, _ = make_actor_loss_fn(ActorObjective())({"log_probs": lp}, data)
     loss.backward()
     assert torch.equal(lp.grad[[0, 2]], torch.zeros(2, 3)) and lp.grad[1].abs().sum() > 0
+
+
+def test_metrics_count_the_skipped_rows_as_the_zeros_they_are():
+    """pg_loss and the clip fractions logged with skip_zero_advantage equal those of the whole
+    mini-batch (equal-length rows, so the engine's row-weighted mean is the token mean), on- and
+    off-policy; a mini-batch whose rows were all skipped logs 0, not nothing."""
+    mask = torch.ones(4, 3)
+    adv = torch.tensor([[1.0] * 3, [0.0] * 3, [-2.0] * 3, [0.0] * 3])
+    lp = torch.log(torch.tensor([[0.3, 0.4, 0.5]] * 4))
+    for on_policy in (True, False):
+        data = DataProto.from_dict({"response_mask": mask, "advantages": adv}, meta_info=single_batch_meta(mask))
+        if not on_policy:  # ratios off 1 on every row, so the clip fractions are not 0
+            data.batch["old_log_probs"] = lp - torch.tensor([0.3, -0.3, 0.05])
+        loss_fn = make_actor_loss_fn(ActorObjective(clip_ratio=0.2))
+        _, whole = loss_fn({"log_probs": lp}, data)
+        kept = data[[0, 2]]
+        _, part = loss_fn({"log_probs": lp[[0, 2]]}, kept)
+        logged = count_skipped_rows({**part, "skipped_rows_frac": 0.5}, on_policy=on_policy)
+        for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+            assert abs(logged[key] - whole[key]) < 1e-6, (on_policy, key)
+        assert on_policy or whole["actor/pg_clipfrac"] > 0
+    assert count_skipped_rows({"skipped_rows_frac": 1.0, "grad_norm": 0.0}, on_policy=True)["actor/pg_loss"] == 0.0
+    assert count_skipped_rows({"actor/pg_loss": 0.5}, on_policy=True) == {"actor/pg_loss": 0.5}

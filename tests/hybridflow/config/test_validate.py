@@ -280,6 +280,23 @@ def test_vllm_on_cpu_refuses_a_mixture_of_experts_model_before_ray_starts(run_di
     validate(grpo(trainer__device="cpu"), model_config=TINY_MODEL)  # dense: vLLM's reload works
 
 
+def test_vllm_on_cpu_refuses_a_head_size_it_has_no_kernel_for(run_dir):
+    narrow = dict(TINY_MODEL, hidden_size=4 * 16)  # 4 heads of 16
+    msg = error_of(grpo(trainer__device="cpu"), model_config=narrow)
+    assert msg.startswith("actor_rollout_ref.rollout.name=vllm on CPU has no attention kernel for the model's "
+                          "head size 16 (supported: 32, 64,"), msg
+    validate(grpo(trainer__device="cpu", actor_rollout_ref__rollout__name="hf"), model_config=narrow)
+    validate(grpo(trainer__device="cpu"), model_config=dict(narrow, head_dim=32))  # Qwen3-style head_dim
+
+
+def test_the_cpu_head_sizes_mirror_vllms():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from hybridflow.config.model_checks import VLLM_CPU_HEAD_SIZES
+
+    assert list(VLLM_CPU_HEAD_SIZES) == list(CPUAttentionBackend.get_supported_head_sizes())
+
+
 def test_rollout_tp_and_kv_heads_must_divide_one_another(run_dir):
     cfg = grpo(trainer__n_gpus_per_node=4, actor_rollout_ref__rollout__tensor_model_parallel_size=4,
                actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=4)

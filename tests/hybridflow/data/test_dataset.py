@@ -46,6 +46,19 @@ def test_chat_rows_without_template_join_message_contents(tmp_path, char_tokeniz
     assert item["raw_prompt"] == ROWS[1]["prompt"]
 
 
+def test_joining_chat_messages_without_a_template_is_warned_unless_asked_for(tmp_path, char_tokenizer, caplog):
+    """verl would fail on chat messages and a tokenizer without a template; here they are joined,
+    which silently changes what a model trained with a template sees: say so once."""
+    path = write(ROWS, tmp_path / "d.jsonl")
+    with caplog.at_level(logging.WARNING, logger="hybridflow.data.dataset"):
+        RLPromptDataset(path, char_tokenizer, max_prompt_length=12)
+    assert "3 prompts of" in caplog.text and "no chat_template: their contents were joined by newlines" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hybridflow.data.dataset"):
+        RLPromptDataset(path, char_tokenizer, max_prompt_length=12, apply_chat_template=False)
+    assert "chat_template" not in caplog.text
+
+
 def test_parquet_and_jsonl_give_identical_items(tmp_path, char_tokenizer):
     a = RLPromptDataset(write(ROWS, tmp_path / "d.parquet"), char_tokenizer, max_prompt_length=12)
     b = RLPromptDataset(write(ROWS, tmp_path / "d.jsonl"), char_tokenizer, max_prompt_length=12)
