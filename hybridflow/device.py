@@ -111,10 +111,14 @@ def init_distributed(timeout_s: float = 600.0) -> None:
         return
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     set_local_device(local_rank)
+    # NCCL: bind the world to this rank's GPU up front (barriers and the first collective then
+    # know their device instead of guessing it from the current context)
+    bound = {"device_id": torch_device(local_rank)} if device_type() == "cuda" else {}
     dist.init_process_group(
         backend=dist_backend(),
         init_method="env://",
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=datetime.timedelta(seconds=timeout_s),
+        **bound,
     )

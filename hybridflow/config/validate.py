@@ -214,6 +214,10 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
                       f"{ARR}.actor.megatron.tensor_model_parallel_size={tp} (the hybrid engine "
                       f"reshards each training TP group): use one of "
                       f"{[d for d in range(1, tp + 1) if tp % d == 0]}")
+    if arr.rollout.name == "hf" and arr.actor.strategy != "fsdp":
+        errors.append(f"{ARR}.rollout.name=hf generates with the actor's own HF module, which "
+                      f"{ARR}.actor.strategy={arr.actor.strategy} does not have: use rollout.name=vllm, or "
+                      "actor.strategy=fsdp")
     if arr.rollout.name == "hf" and rtp != 1:
         errors.append(f"{ARR}.rollout.name=hf runs one full model per worker: set "
                       f"{ARR}.rollout.tensor_model_parallel_size=1 or use name=vllm")

@@ -89,6 +89,9 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
      "actor_rollout_ref.actor.megatron.* sizes only apply to actor_rollout_ref.actor.strategy=megatron"),
     (dict(actor_rollout_ref__rollout__name="hf", actor_rollout_ref__rollout__tensor_model_parallel_size=2),
      "actor_rollout_ref.rollout.name=hf runs one full model per worker"),
+    (dict(actor_rollout_ref__rollout__name="hf", actor_rollout_ref__actor__strategy="megatron"),
+     "actor_rollout_ref.rollout.name=hf generates with the actor's own HF module, which "
+     "actor_rollout_ref.actor.strategy=megatron does not have"),
     (dict(actor_rollout_ref__actor__fsdp_config__fsdp_size=3),
      "actor_rollout_ref.actor.fsdp_config.fsdp_size=3 must be -1 (shard over all 2 workers), 1 (replicate) "
      "or a divisor of 2"),
