@@ -83,6 +83,16 @@ def peak_memory_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def allocated_memory_bytes() -> int:
+    """Accelerator memory held by tensors now (GPU); 0 on CPU."""
+    return int(torch.cuda.memory_allocated()) if device_type() == "cuda" else 0
+
+
+def device_name() -> str:
+    """The GPU's name, or "cpu"."""
+    return torch.cuda.get_device_name(torch.cuda.current_device()) if device_type() == "cuda" else "cpu"
+
+
 def reset_peak_memory() -> None:
     if device_type() == "cuda":
         torch.cuda.reset_peak_memory_stats()

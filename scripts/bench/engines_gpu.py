@@ -173,7 +173,7 @@ def main(argv=None) -> dict:
         data = make_batch(args.rows, args.prompt, args.response, args.vocab)
         fns, memory = {}, {}
         for side in SIDES:
-            before = torch.cuda.memory_allocated() if on_gpu else 0
+            before = hf_device.allocated_memory_bytes()
             hf_device.reset_peak_memory()
             fns[side] = plain_side(args, data) if side == "plain" else engine_side(args, side, data)
             for _ in range(args.warmup):
@@ -181,8 +181,8 @@ def main(argv=None) -> dict:
                 fns[side][1]()
             hf_device.synchronize()
             if on_gpu:  # models and optimizers of the sides built earlier stay allocated: subtract them
-                memory[side] = {"resident_bytes": torch.cuda.memory_allocated() - before,
-                                "step_peak_bytes": torch.cuda.max_memory_allocated() - before}
+                memory[side] = {"resident_bytes": hf_device.allocated_memory_bytes() - before,
+                                "step_peak_bytes": hf_device.peak_memory_bytes() - before}
         if args.profile:
             write_profiles(args.profile, fns, on_gpu)
         rounds = []
@@ -201,7 +201,7 @@ def main(argv=None) -> dict:
         return round(1 - statistics.median(r[key] / r[base] for r in rounds), 3)
 
     result = {
-        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu (smoke test only)",
+        "device": hf_device.device_name() if on_gpu else "cpu (smoke test only)",
         "model": {"arch": "qwen2", "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                   "kv_heads": args.kv_heads, "intermediate": args.intermediate, "vocab": args.vocab,
                   "tied": True, "dtype": args.dtype},
