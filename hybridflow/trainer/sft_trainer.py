@@ -37,6 +37,8 @@ class SFTTrainer:
             t0 = time.perf_counter()
             metrics = _first(self.group.train_step(batch))
             metrics = {("train/" + k if "/" not in k else k): v for k, v in metrics.items()}
+            if "train/nll" in metrics:  # verl's SFT trainer names it train/loss: dashboards find both
+                metrics["train/loss"] = metrics["train/nll"]
             metrics["timing_s/step"] = time.perf_counter() - t0
             last = self.global_step == self.total_steps
             epoch_done = self.train_loader.batch_in_epoch >= len(self.train_loader)
@@ -61,7 +63,7 @@ class SFTTrainer:
             nll += float(out.batch["nll_sum"].sum())
             tokens += float(out.batch["tokens"].sum())
         mean = nll / max(tokens, 1.0)
-        return {"val/nll": mean, "val/perplexity": math.exp(min(mean, 50.0))}
+        return {"val/nll": mean, "val/loss": mean, "val/perplexity": math.exp(min(mean, 50.0))}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:

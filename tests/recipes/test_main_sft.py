@@ -92,6 +92,7 @@ def test_sft_lora_sharded_then_replicated_resume_matches(sft_assets, tmp_path):
     ref = read_metrics(ref_dir)
     assert sorted(ref) == [1, 2, 3, 4]
     assert ref[4]["train/nll"] < ref[1]["train/nll"]
+    assert ref[4]["train/loss"] == ref[4]["train/nll"] and ref[4]["val/loss"] == ref[4]["val/nll"]  # verl's names
     assert ref[2]["val/nll"] > ref[4]["val/nll"]  # validation after each epoch (test_freq=-1)
     assert sorted(os.listdir(ref_dir / "global_step_4")) == ["actor", "manifest.json", "trainer_state.pt"]
     initial, trained = hf_weights(sft_assets["model"]), hf_weights(str(ref_dir / "hf"))
