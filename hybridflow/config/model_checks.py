@@ -130,6 +130,52 @@ def cpu_head_size_errors(cfg: RootConfig, hf: dict) -> list[str]:
             "whose hidden_size / num_attention_heads (or head_dim) is one of those"]
 
 
+def reward_model_errors(cfg: RootConfig, actor_hf: dict) -> list[str]:
+    """What the reward-model worker refuses once it has loaded the checkpoint, read from its
+    config.json before Ray: a sequence-classification model with one label, on the actor's
+    vocabulary. A causal LM (the policy's own folder, say) would load with a new random head."""
+    rm = cfg.reward_model
+    hf = read_model_config(rm.model.path) if rm.enable and rm.model.path else None
+    if not hf:  # path_errors names a missing folder
+        return []
+    key, archs = f"reward_model.model.path={rm.model.path}", hf.get("architectures") or []
+    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+        return [f"{key} holds a {', '.join(archs)}, not a sequence-classification model: a reward model is an "
+                "HF *ForSequenceClassification checkpoint with num_labels=1"]
+    labels = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else hf.get("num_labels", 2)
+    errors = [] if labels == 1 else [f"{key}: a reward model needs num_labels=1, its config has {labels}"]
+    if actor_hf.get("vocab_size") and hf.get("vocab_size") and hf["vocab_size"] != actor_hf["vocab_size"]:
+        errors.append(f"{key}: vocab {hf['vocab_size']} differs from the actor's {actor_hf['vocab_size']}; use a "
+                      "reward model built on the actor's tokenizer")
+    return errors
+
+
+def lora_target_errors(cfg: RootConfig) -> list[str]:
+    """A LoRA target list is matched against the model's decoder layers (workers/engines/lora.py):
+    build the model on the meta device (no memory, no weights) and match it here, before Ray."""
+    errors = []
+    roles = [(f"{ARR}.model", cfg.actor_rollout_ref.model)]
+    if needs_critic(cfg):
+        roles.append(("critic.model", cfg.critic.model))
+    for key, model in roles:
+        if not model.lora_rank or model.target_modules in ("all-linear", ["all-linear"]) or not model.path:
+            continue
+        try:
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            from workers.engines.lora import target_linear_names
+
+            with torch.device("meta"):
+                net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model.path))
+            target_linear_names(net, model.target_modules, model.exclude_modules)
+        except ValueError as err:
+            errors.append(f"{key}.target_modules: {err}")
+        except Exception:  # noqa: BLE001 - a model this check cannot build is the engine's to judge
+            continue
+    return errors
+
+
 def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
     heads and the MLP, and needs kv heads and its TP to divide one another."""

@@ -25,7 +25,7 @@ from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 from hybridflow.config.model_checks import (
-    cpu_head_size_errors, cpu_moe_rollout_errors, side_external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
+    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, reward_model_errors, side_external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
     read_model_config,
 )
 from hybridflow.model_overrides import external_lib_error, overridden_dict
@@ -68,6 +68,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if model_config is not None:
         errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
         errors += cpu_moe_rollout_errors(cfg, model_config)
+        errors += reward_model_errors(cfg, model_config) + lora_target_errors(cfg)
         errors += cpu_head_size_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
         # the sizes the run builds: an override of max_position_embeddings counts
         errors += model_shape_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))

@@ -292,6 +292,23 @@ def test_vllm_on_cpu_refuses_a_head_size_it_has_no_kernel_for(run_dir):
     validate(grpo(trainer__device="cpu"), model_config=dict(narrow, head_dim=32))  # Qwen3-style head_dim
 
 
+def test_a_reward_model_must_be_a_one_label_classifier_on_the_actors_vocabulary(run_dir):
+    rm = run_dir / "rm"
+    rm.mkdir()
+
+    def error_for(**config):
+        (rm / "config.json").write_text(json.dumps({**TINY_MODEL, **config}))
+        return error_of(grpo(reward_model__enable=True, reward_model__model__path=str(rm)))
+
+    assert "holds a Qwen2ForCausalLM, not a sequence-classification model" in error_for(
+        architectures=["Qwen2ForCausalLM"], id2label={"0": "LABEL_0"})
+    cls = ["Qwen2ForSequenceClassification"]
+    assert "a reward model needs num_labels=1, its config has 2" in error_for(architectures=cls)
+    assert "vocab 32 differs from the actor's 66" in error_for(architectures=cls, id2label={"0": "x"}, vocab_size=32)
+    (rm / "config.json").write_text(json.dumps({**TINY_MODEL, "architectures": cls, "id2label": {"0": "x"}}))
+    validate(grpo(reward_model__enable=True, reward_model__model__path=str(rm)))
+
+
 def test_the_cpu_head_sizes_mirror_vllms():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 

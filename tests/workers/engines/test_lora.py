@@ -74,6 +74,10 @@ def test_target_and_exclude_modules(ckpt):
                              "model.layers.1.mlp.down_proj"]
     with pytest.raises(ValueError, match=r"target_modules \['qproj'\] match no linear layer .*'q_proj'"):
         _adapted(ckpt, target_modules=["qproj"])
+    # the LM head (tied here to the embedding) is never adapted, and never offered as a choice
+    with pytest.raises(ValueError, match=r"\['lm_head'\] match no linear layer in the decoder layers") as err:
+        _adapted(ckpt, target_modules=["lm_head"])
+    assert "'lm_head'" not in str(err.value).split("some of")[1]
 
 
 def _local(p):
