@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from typing import Iterator
 
 import torch
@@ -73,7 +74,9 @@ def fsdp_tensors(role_dir: str, tied: bool, lora_scalings: dict[str, float]) -> 
         raise ExportError(f"{role_dir} holds LoRA adapters but its {ckpt.ENGINE_META} has no lora_scalings (saved "
                           "before export could merge them): export it with the engine's save_hf instead")
     state = {"model": model}
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # it warns that it loads in one process: what no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, no_dist=True)
     for name, tensor in merge_lora(state["model"].items(), lora_scalings):
         if tied and name == "lm_head.weight":  # HF checkpoints of tied models leave the alias out
             continue
