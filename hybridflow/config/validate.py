@@ -417,6 +417,9 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
     if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
         logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
                        "its values are not used", cfg.algorithm.adv_estimator)
+    if cfg.reward_model.enable and cfg.custom_reward_function.path:
+        logger.warning("custom_reward_function.path is not called: with reward_model.enable=true the reward "
+                       "model scores every sample, in training and validation")
     if cfg.reward_model.launch_reward_fn_async and not reward_fn_runs_async(cfg):
         logger.warning("reward_model.launch_reward_fn_async=true is ignored: a reward model, or "
                        "algorithm.filter_groups, needs the scores before the next stage")

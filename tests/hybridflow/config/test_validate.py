@@ -352,6 +352,19 @@ def test_kl_in_loss_and_reward_is_allowed_with_a_warning(run_dir, caplog):
     assert "penalised twice" in caplog.text
 
 
+def test_a_reward_function_beside_a_reward_model_is_warned_unused(run_dir, caplog):
+    rm = run_dir / "rm"
+    rm.mkdir()
+    (rm / "config.json").write_text(json.dumps({**TINY_MODEL, "architectures": ["Qwen2ForSequenceClassification"],
+                                                "id2label": {"0": "x"}}))
+    fn = run_dir / "reward.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    with caplog.at_level(logging.WARNING, logger="hybridflow.config.validate"):
+        validate(grpo(reward_model__enable=True, reward_model__model__path=str(rm),
+                      custom_reward_function__path=str(fn)))
+    assert "custom_reward_function.path is not called" in caplog.text
+
+
 def test_zero_frequencies_mean_off_as_in_verl(run_dir):
     validate(grpo(trainer__test_freq=0, trainer__save_freq=0))  # the trainer runs neither at <= 0
 
