@@ -17,15 +17,15 @@ STRATEGIES = ("fsdp", "megatron")
 # verl names its FSDP2 engine "fsdp2" and its FSDP1 engine "fsdp"; the FSDP engine here is FSDP2,
 # so both spellings select it
 STRATEGY_ALIASES = {"fsdp2": "fsdp"}
+PARAM_DTYPES = ("fp32", "bf16")
+LR_SCHEDULERS = ("constant", "cosine")
+ROLLOUT_NAMES = ("vllm", "hf")
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def canonical_strategy(name):
     """The engine a strategy name selects (``fsdp2`` -> ``fsdp``); other names pass unchanged."""
     return STRATEGY_ALIASES.get(name, name)
-PARAM_DTYPES = ("fp32", "bf16")
-LR_SCHEDULERS = ("constant", "cosine")
-ROLLOUT_NAMES = ("vllm", "hf")
-ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def needs_critic(cfg: RootConfig) -> bool:

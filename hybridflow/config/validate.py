@@ -69,9 +69,9 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
         errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
         errors += cpu_moe_rollout_errors(cfg, model_config)
         errors += reward_model_errors(cfg, model_config) + lora_target_errors(cfg)
-        errors += cpu_head_size_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
-        # the sizes the run builds: an override of max_position_embeddings counts
-        errors += model_shape_errors(cfg, overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config))
+        # the sizes the run builds: an override of max_position_embeddings or head_dim counts
+        built = overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config)
+        errors += cpu_head_size_errors(cfg, built) + model_shape_errors(cfg, built)
     errors += device_errors(cfg, available_slots)
     if errors:
         raise ConfigError("; ".join(errors))

@@ -31,20 +31,6 @@ def response_logits(logits: Tensor, prompt_length: int, response_length: int) ->
     return logits[:, prompt_length - 1: prompt_length - 1 + response_length]
 
 
-def log_probs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
-    """``log softmax(logits)[label]`` in fp32 for logits ``[..., V]`` and integer labels ``[...]``."""
-    logits = logits.float()
-    picked = logits.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Shannon entropy of ``softmax(logits)`` in fp32: ``logsumexp(z) - sum(softmax(z) * z)``."""
-    logits = logits.float()
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
-
-
 def response_log_probs(resp_logits: Tensor, responses: Tensor, temperature: float,
                        calculate_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     """Log-probs ``[b, R]`` of ``responses`` (and entropy ``[b, R]`` if asked) from aligned logits.
