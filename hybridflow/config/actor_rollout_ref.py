@@ -66,7 +66,9 @@ class ActorConfig:
     # leave out rows whose advantage is 0 on every token when no entropy or KL loss term needs
     # them: the same step (the loss is normalised over the whole mini-batch), less compute
     skip_zero_advantage: bool = True
-    param_dtype: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 master weights)
+    # auto | fp32 | bf16 (bf16 compute, fp32 master weights). auto: bf16 where bf16 matmuls are
+    # native (GPUs; CPUs where a timed one beats fp32), else fp32 (derived.resolve_param_dtype)
+    param_dtype: str = "auto"
     grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
     ulysses_sequence_parallel_size: int = 1  # verl's key; only 1 (no sequence parallelism)
     # verl compiles its log-prob/entropy kernels with torch.compile; the engines here run eager.
@@ -121,7 +123,7 @@ class RolloutConfig:
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
     enforce_eager: bool = True
-    dtype: str = "auto"  # auto (the actor's param_dtype) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (the actor's resolved param_dtype) | float32 | bfloat16 | float16
     free_cache_engine: bool = True
     log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
     log_prob_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks

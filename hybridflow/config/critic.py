@@ -43,7 +43,7 @@ class CriticConfig:
     ppo_epochs: int | None = None  # None: actor.ppo_epochs
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
-    param_dtype: str = "fp32"
+    param_dtype: str = "auto"  # as the actor's: auto | fp32 | bf16
     grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointContents = field(default_factory=CheckpointContents)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config.common import PATH, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
-from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel
+from hybridflow.config.derived import (LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel,
+                                       resolve_param_dtype)
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
 from hybridflow.config.ranges import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, optim_rows
@@ -55,7 +56,7 @@ class SFTModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, 
     tokenizer_path: str | None = path_field(None)
     enable_gradient_checkpointing: bool = False
     strategy: str = "fsdp"
-    param_dtype: str = "fp32"
+    param_dtype: str = "auto"  # as the RL actor's: auto | fp32 | bf16
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -102,6 +103,7 @@ def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
 
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
     sft.model.strategy = canonical_strategy(sft.model.strategy)
+    sft.model.param_dtype = resolve_param_dtype(sft.model.param_dtype, sft.trainer.device)
     if sft.model.partial_pretrain:  # a verl SFT script names the model so
         sft.model.path = sft.model.partial_pretrain
     if sft.optim.warmup_steps_ratio is not None:  # verl's SFT name

@@ -9,8 +9,9 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
 
     .venv/bin/python scripts/bench/e2e.py                          # demo + medium, beta 0 and KL
     .venv/bin/python scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python   # + TRL ratio
-    .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=bf16
+    .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=fp32
     .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
+    .venv/bin/python scripts/bench/e2e.py --both-dtypes ...        # fp32 and bf16, ours and TRL's
     .venv/bin/python scripts/bench/e2e.py --micro-batch 8 --dynamic-bsz-too 1536  # token-budget micro-batches
     .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
     .venv/bin/python scripts/bench/e2e.py --shm-too ...            # also with HYBRIDFLOW_SHM_COLLECTIVES=1
@@ -168,14 +169,14 @@ def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (
             "startup_and_teardown_s": round(wall - steps_total, 1)}
 
 
-def run_trl(args, paths: dict, size: str, mode: str) -> dict:
+def run_trl(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = ()) -> dict:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trl_grpo_baseline.py")
     cmd = [args.trl_python, script, "--model", paths[size], "--data", os.path.join(paths["data"], "train.parquet"),
            "--beta", str(args.trl_beta if MODES[mode] else 0.0), "--steps", str(args.steps),
            "--prompts", str(args.prompts), "--samples", str(args.samples),
            "--max-completion-length", str(args.response_length), "--warmup", str(args.warmup),
            "--threads", str(args.trl_threads), "--output-dir", os.path.join(args.work_dir, "trl", f"{size}-{mode}"),
-           *shlex.split(args.trl_args)]
+           *shlex.split(args.trl_args), *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - t0
@@ -183,6 +184,20 @@ def run_trl(args, paths: dict, size: str, mode: str) -> dict:
     if proc.returncode != 0 or not lines:
         return {"error": f"TRL baseline exited {proc.returncode}", "log_tail": (proc.stderr or proc.stdout)[-3000:]}
     return {**json.loads(lines[-1]), "wall_s": round(wall, 1)}
+
+
+def actor_dtype(overrides: list[str]) -> str:
+    """The actor's dtype in our runs: an override's, else what param_dtype=auto picks here (CPU)."""
+    key = "actor_rollout_ref.actor.param_dtype="
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith(key)]
+    if given and given[-1] != "auto":
+        return given[-1]
+    sys.path.insert(0, REPO)
+    from hybridflow.device import auto_param_dtype
+
+    dtype, why = auto_param_dtype(on_gpu=False)
+    print(f"[e2e] param_dtype=auto -> {dtype} here: {why}", file=sys.stderr, flush=True)
+    return dtype
 
 
 def parse_args(argv):
@@ -209,6 +224,9 @@ def parse_args(argv):
     p.add_argument("--no-share-too", action="store_true",
                    help="also run with model.share_prompt_prefix=false (each sample forwards its own prompt), "
                         "combined with the --no-skip-too setting where both are given")
+    p.add_argument("--both-dtypes", action="store_true",
+                   help="also run ours in the dtype param_dtype=auto did not pick here (reference and rollout "
+                        "follow the actor), and TRL in bf16 autocast too: like-for-like pairs in each dtype")
     p.add_argument("--shm-too", action="store_true",
                    help="also run ours with HYBRIDFLOW_SHM_COLLECTIVES=1 (Megatron TP all-reduces through "
                         "shared memory, hybridflow/shm_group.py), otherwise as the main run")
@@ -248,7 +266,9 @@ def main(argv=None) -> int:
     paths = build_assets(args.work_dir, args.sizes)
     args.reward_overrides = reward_overrides(args)  # the grader's file is written once, for every run
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    report = {"setting": {"prompts": args.prompts, "samples": args.samples, "response_length": args.response_length,
+    args.auto_dtype = actor_dtype(args.overrides)
+    report = {"setting": {"param_dtype": args.auto_dtype, "prompts": args.prompts, "samples": args.samples,
+                          "response_length": args.response_length,
                           "steps": args.steps, "warmup_steps_excluded": args.warmup, "workers": args.workers,
                           "rollout": args.rollout, "mini_batch_prompts": args.mini_batch or args.prompts,
                           "reward_ms": args.reward_ms, "reward_busy": args.reward_busy,
@@ -275,12 +295,20 @@ def main(argv=None) -> int:
             if args.async_reward_too:  # the "hybridflow" run again, scored in the reward process
                 entry["hybridflow_async_reward"] = run_ours(args, paths, size, mode,
                                                             ("reward_model.launch_reward_fn_async=true",), "-async")
+            if args.both_dtypes:  # the "hybridflow" run again in the other dtype (every row computed
+                other = "fp32" if args.auto_dtype == "bf16" else "bf16"  # in beta 0 with --no-skip-too)
+                flip = (f"actor_rollout_ref.actor.param_dtype={other}",)
+                if args.no_skip_too and not MODES[mode]:
+                    flip += ("actor_rollout_ref.actor.skip_zero_advantage=false",)
+                entry[f"hybridflow_{other}"] = run_ours(args, paths, size, mode, flip, f"-{other}")
             if args.shm_too:  # the "hybridflow" run again, shared-memory TP all-reduces on
                 entry["hybridflow_shm"] = run_ours(args, paths, size, mode, (), "-shm",
                                                    {"HYBRIDFLOW_SHM_COLLECTIVES": "1"})
             if args.trl_python:
                 entry["trl"] = run_trl(args, paths, size, mode)
                 entry["trl_source"] = "measured in this invocation"
+                if args.both_dtypes:
+                    entry["trl_bf16"] = run_trl(args, paths, size, mode, ("--bf16",))
             elif size == "medium":
                 entry["trl"] = TRL_QUOTED[mode]
                 entry["trl_source"] = "issue 6 figures, NOT measured here"
@@ -300,6 +328,16 @@ def main(argv=None) -> int:
                 no_skip = entry.get("hybridflow_no_skip", {}).get("step_s")
                 if no_skip:
                     entry["ratio_to_trl_no_skip"] = round(no_skip / trl, 3)
+                if args.both_dtypes:  # "ratio_to_trl" is the issue's: our default against TRL in fp32
+                    no_skip = entry.get("hybridflow_no_skip", {}).get("step_s")
+                    by_dtype = {args.auto_dtype: no_skip or ours}
+                    for dtype in ("fp32", "bf16"):
+                        by_dtype.setdefault(dtype, entry.get(f"hybridflow_{dtype}", {}).get("step_s"))
+                    trl_bf16 = entry.get("trl_bf16", {}).get("step_s")
+                    if by_dtype["fp32"]:
+                        entry["ratio_fp32_to_trl_fp32"] = round(by_dtype["fp32"] / trl, 3)
+                    if by_dtype["bf16"] and trl_bf16:
+                        entry["ratio_bf16_to_trl_bf16"] = round(by_dtype["bf16"] / trl_bf16, 3)
                 shm = entry.get("hybridflow_shm", {}).get("step_s")
                 if shm:
                     entry["ratio_to_trl_shm"] = round(shm / trl, 3)

@@ -62,9 +62,11 @@ def recipe_assets(tmp_path_factory) -> RecipeAssets:
     return RecipeAssets(model, str(root / "rm"), train, val, str(reward_fn))
 
 
-def run_main_ppo(config_name: str, overrides: list[str], timeout: float = 420) -> subprocess.CompletedProcess:
-    """``python -m recipes.main_ppo`` in a fresh process (its own Ray instance), from the repo root."""
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def run_main_ppo(config_name: str, overrides: list[str], timeout: float = 420,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m recipes.main_ppo`` in a fresh process (its own Ray instance), from the repo root;
+    ``env`` is added to this process's environment."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("HYBRIDFLOW_PROGRESS", None)
     return subprocess.run([sys.executable, "-m", "recipes.main_ppo", "--config-name", config_name, *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -12,7 +12,8 @@ rollout_base = pytest.importorskip("workers.rollout.base")
 
 def test_mirrored_names_match_the_workers():
     assert derived.STRATEGIES == engine_config.STRATEGIES
-    assert derived.PARAM_DTYPES == engine_config.PARAM_DTYPES
+    # the config adds "auto", which it resolves before any engine sees it
+    assert derived.PARAM_DTYPES == ("auto", *engine_config.PARAM_DTYPES)
     assert derived.LR_SCHEDULERS == engine_config.LR_SCHEDULES
     assert derived.ROLLOUT_NAMES == rollout_base.ROLLOUT_NAMES
 

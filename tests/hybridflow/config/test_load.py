@@ -9,6 +9,8 @@ from hybridflow.config import (
     ConfigError, RootConfig, cli_info, compose_config, derive, dotted_keys, load_config,
     split_cli_args, validate,
 )
+from hybridflow.config.derived import _say_once as say_once
+from hybridflow.config.derived import rollout_engine_kwargs as derive_rollout_kwargs
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 
 RL_RECIPES = ["ppo", "grpo", "remax", "dapo", "gspo"]
@@ -70,6 +72,32 @@ def test_overrides_are_typed_and_interpolations_resolved():
     assert cfg.data.train_files == ["/runs/a.parquet"]  # a single value becomes a list
     assert cfg.trainer.default_local_dir == "/runs/checkpoints/hybridflow/123"
     assert cfg.critic.enable is None
+
+
+@pytest.mark.parametrize("machine", ["fp32", "bf16"])
+def test_param_dtype_auto_is_resolved_before_anything_reads_it(monkeypatch, capsys, machine):
+    # HYBRIDFLOW_AUTO_DTYPE stands in for the machine's answer (device.auto_param_dtype's own tests
+    # cover the measuring); explicit values are kept, an unknown one is left for validate to name
+    monkeypatch.setenv("HYBRIDFLOW_AUTO_DTYPE", machine)
+    say_once.cache_clear()  # the line is said once per process
+    cfg = load_config(compose_config("ppo", ["critic.param_dtype=fp32"]))
+    assert (cfg.actor_rollout_ref.actor.param_dtype, cfg.critic.param_dtype) == (machine, "fp32")
+    rollout = derive_rollout_kwargs(cfg)
+    assert rollout["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[machine]  # vLLM follows the actor
+    assert load_sft_config({}).model.param_dtype == machine
+    assert f"param_dtype=auto -> {machine}" in capsys.readouterr().err
+    bad = load_config(compose_config("ppo", ["actor_rollout_ref.actor.param_dtype=fp16"]))
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.param_dtype='fp16'"):
+        validate(bad, check_paths=False)
+
+
+def test_a_hand_built_config_left_at_auto_reaches_the_engines_resolved(monkeypatch):
+    monkeypatch.setenv("HYBRIDFLOW_AUTO_DTYPE", "bf16")
+    from hybridflow.config.derived import actor_engine_kwargs
+
+    cfg = RootConfig()  # the programmatic API need not go through load_config
+    assert cfg.actor_rollout_ref.actor.param_dtype == "auto"
+    assert actor_engine_kwargs(cfg, derive(cfg))["param_dtype"] == "bf16"
 
 
 def test_default_paths_are_absolute_against_the_working_directory(tmp_path, monkeypatch):
