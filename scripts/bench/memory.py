@@ -48,7 +48,10 @@ BASE = [f"data.train_batch_size={RUN['prompts']}", f"actor_rollout_ref.rollout.n
         "trainer.logger=[jsonl]",
         # a random model scores every sample alike, so by default every row would be skipped and
         # the update would be the optimizer step alone; compute them, activations and all
-        "actor_rollout_ref.actor.skip_zero_advantage=false"]
+        "actor_rollout_ref.actor.skip_zero_advantage=false",
+        # the figures in docs/benchmarks.md are fp32 (16 bytes of AdamW state per parameter);
+        # param_dtype=auto would pick bf16 on a CPU with fast bf16 and add the bf16 compute copies
+        "actor_rollout_ref.actor.param_dtype=fp32"]
 LAYOUTS = {
     "fsdp": [],
     "megatron_tp2": ["actor_rollout_ref.actor.strategy=megatron",
