@@ -86,7 +86,7 @@ def engine_config(args, strategy: str, tp: int, pp: int, micro_rows: int):
     from workers.engines.config import EngineConfig
 
     return EngineConfig(strategy=strategy, tp=tp, pp=pp, lr=args.lr, weight_decay=0.01, grad_clip=1.0,
-                        micro_batch_size_per_gpu=micro_rows, param_dtype="fp32", seed=0)
+                        micro_batch_size_per_gpu=micro_rows, param_dtype=args.dtype, seed=0)
 
 
 def plain_step_fn(args, data, device):
@@ -102,11 +102,16 @@ def plain_step_fn(args, data, device):
     resp_len = b["responses"].shape[1]
     mask = b["response_mask"].float()
 
+    # bf16: fp32 weights under autocast, the usual plain-PyTorch mixed precision (the engines keep
+    # fp32 masters too; sharded FSDP2 computes from bf16 copies of them)
+    compute = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
     def step():
         opt.zero_grad(set_to_none=True)
         # logits only where they predict a response token (the engines do the same)
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                       position_ids=b["position_ids"], logits_to_keep=resp_len + 1).logits[:, :resp_len]
+        with compute:
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                           position_ids=b["position_ids"], logits_to_keep=resp_len + 1).logits[:, :resp_len]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
         loss = -(logp * mask).sum() / mask.sum()
         loss.backward()
@@ -390,7 +395,7 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
     engines["fsdp_dp2"]["micro_batches"] = engines["fsdp_dp2_replicated"]["micro_batches"] = 1
     return {
         "model": {"arch": args.arch, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
-                  "kv_heads": args.kv_heads, "intermediate": args.intermediate, "dtype": "fp32"},
+                  "kv_heads": args.kv_heads, "intermediate": args.intermediate, "dtype": args.dtype},
         "batch": {"rows": args.rows, "prompt_tokens": args.prompt, "response_tokens": args.response,
                   "tokens_per_step": tokens, "loss": "response-token NLL (token mean), AdamW, grad clip 1.0"},
         "machine": {"device": hf_device.device_type(), "cpu_count": os.cpu_count(),
@@ -418,6 +423,8 @@ def parse_args(argv=None):
     p.add_argument("--response", type=int, default=64)
     p.add_argument("--pp-micro-batches", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16: the engines' param_dtype=bf16 against the plain loop under bf16 autocast")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="timed steps per measurement per round")
