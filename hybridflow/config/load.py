@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hybridflow.config.derived import canonical_strategy, resolve_param_dtype
+from hybridflow.config.derived import canonical_strategy, needs_critic, resolve_param_dtype
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_inert import inert_keys, is_inert, pop_inert_keys
@@ -95,7 +95,8 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     _fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
         role.strategy = canonical_strategy(role.strategy)
-    for role in (root.actor_rollout_ref.actor, root.critic):  # the reference computes as the actor
+    # the reference computes as the actor; an unused critic's auto stays unresolved (and unsaid)
+    for role in (root.actor_rollout_ref.actor, *([root.critic] if needs_critic(root) else [])):
         role.param_dtype = resolve_param_dtype(role.param_dtype, root.trainer.device)
     root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
     return root

@@ -85,6 +85,7 @@ def test_param_dtype_auto_is_resolved_before_anything_reads_it(monkeypatch, caps
     rollout = derive_rollout_kwargs(cfg)
     assert rollout["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[machine]  # vLLM follows the actor
     assert load_sft_config({}).model.param_dtype == machine
+    assert load_config(compose_config("grpo")).critic.param_dtype == "auto"  # no critic: left alone
     assert f"param_dtype=auto -> {machine}" in capsys.readouterr().err
     bad = load_config(compose_config("ppo", ["actor_rollout_ref.actor.param_dtype=fp16"]))
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.param_dtype='fp16'"):
