@@ -1,10 +1,10 @@
 #!/bin/bash
 # Start a Ray cluster across a Slurm allocation and run a hybridflow recipe on it.
 #
-#   sbatch --nodes=4 --gpus-per-node=8 scripts/slurm/ray_on_slurm.sh \
-#       trainer.nnodes=4 trainer.n_gpus_per_node=8 data.train_batch_size=1024
+#   sbatch --nodes=4 --gpus-per-node=8 scripts/slurm/ray_on_slurm.sh data.train_batch_size=1024
 #
-# Arguments are Hydra overrides for the entry command (default `python -m recipes.main_ppo`).
+# Arguments are Hydra overrides for the entry command (default `python -m recipes.main_ppo`);
+# for a recipe entry, trainer.nnodes and trainer.n_gpus_per_node default to the allocation's.
 # The Ray head runs on the first node of the allocation, one Ray worker on each other node; the
 # entry runs in this batch step (on the head node) once every node has joined, and finds the
 # cluster through RAY_ADDRESS, so `ray.init()` / `ray.init(address="auto")` connect to it.
@@ -166,6 +166,17 @@ while True:
     time.sleep(2)
 ray.shutdown()
 PY
+
+# A recipe told nothing else runs on the allocation's shape: trainer.nnodes from its node count
+# and, on a GPU allocation, trainer.n_gpus_per_node from Slurm's GPUs on this node. Values given
+# on the command line win (a mismatch with the allocation is then the config check's to name).
+if [[ "$HYBRIDFLOW_ENTRY" == *recipes.main_* ]]; then
+    given=" $* "
+    [[ "$given" == *"trainer.nnodes="* ]] || set -- "$@" "trainer.nnodes=$num_nodes"
+    if [[ "$given" != *"trainer.n_gpus_per_node="* && "${SLURM_GPUS_ON_NODE:-0}" =~ ^[1-9][0-9]*$ ]]; then
+        set -- "$@" "trainer.n_gpus_per_node=$SLURM_GPUS_ON_NODE"
+    fi
+fi
 
 read -r -a entry <<< "$HYBRIDFLOW_ENTRY"
 echo "ray_on_slurm.sh: running ${entry[*]} $*"

@@ -180,6 +180,7 @@ def test_ray_on_slurm_runs_a_tiny_grpo_recipe_on_the_allocated_ray_cluster(slurm
     code, log, gcs_port = _submit(root, env, ENTRY, recipe_args(assets, run_dir, *RECIPE_STEPS), "entry-ok")
     assert code == 0, log
     assert "1/1 Ray nodes up" in log
+    assert " trainer.nnodes=1" in log.split("ray_on_slurm.sh: running", 1)[1].splitlines()[0]  # from the allocation
     assert "Connecting to existing Ray cluster" in log or "Connected to Ray cluster" in log, log[-3000:]
 
     steps = read_steps(run_dir)
