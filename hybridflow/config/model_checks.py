@@ -151,7 +151,7 @@ def reward_model_errors(cfg: RootConfig, actor_hf: dict) -> list[str]:
 
 
 def lora_target_errors(cfg: RootConfig) -> list[str]:
-    """A LoRA target list is matched against the model's decoder layers (workers/engines/lora.py):
+    """A LoRA target list is matched against the model's decoder layers (hybridflow/lora_targets.py):
     build the model on the meta device (no memory, no weights) and match it here, before Ray."""
     errors = []
     roles = [(f"{ARR}.model", cfg.actor_rollout_ref.model)]
@@ -159,12 +159,12 @@ def lora_target_errors(cfg: RootConfig) -> list[str]:
         roles.append(("critic.model", cfg.critic.model))
     for key, model in roles:
         if not model.lora_rank or model.target_modules in ("all-linear", ["all-linear"]) or not model.path:
-            continue
+            continue  # every decoder linear: nothing to match (hybridflow.lora_targets.ALL_LINEAR)
         try:
             import torch
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            from workers.engines.lora import target_linear_names
+            from hybridflow.lora_targets import target_linear_names
 
             with torch.device("meta"):
                 net = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model.path))
