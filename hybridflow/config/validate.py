@@ -25,8 +25,8 @@ from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 from hybridflow.config.model_checks import (
-    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, reward_model_errors, side_external_lib_errors, megatron_model_errors, model_shape_errors, override_config_errors,
-    read_model_config,
+    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_shape_errors,
+    override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
 )
 from hybridflow.model_overrides import external_lib_error, overridden_dict
 

@@ -171,7 +171,7 @@ PY
 # and, on a GPU allocation, trainer.n_gpus_per_node from Slurm's GPUs on this node. Values given
 # on the command line win (a mismatch with the allocation is then the config check's to name).
 if [[ "$HYBRIDFLOW_ENTRY" == *recipes.main_* ]]; then
-    given=" $* "
+    given="$*"
     [[ "$given" == *"trainer.nnodes="* ]] || set -- "$@" "trainer.nnodes=$num_nodes"
     if [[ "$given" != *"trainer.n_gpus_per_node="* && "${SLURM_GPUS_ON_NODE:-0}" =~ ^[1-9][0-9]*$ ]]; then
         set -- "$@" "trainer.n_gpus_per_node=$SLURM_GPUS_ON_NODE"
