@@ -222,8 +222,8 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> bool:
         """The actor engine's sharded state, this rank's RNG streams (training and generation) and,
-        from rank 0, the engine metadata hybridflow.export reads (hybridflow/trainer/checkpoint.py)."""
-        from hybridflow.trainer import checkpoint as ckpt
+        from rank 0, the engine metadata the HF export reads (workers/checkpoint.py)."""
+        from workers import checkpoint as ckpt
 
         ckpt.save_worker_checkpoint(self.engine, path, self.rank, self.world_size,
                                     self.rng if self.rollout is not None else None)
@@ -231,7 +231,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
-        from hybridflow.trainer import checkpoint as ckpt
+        from workers import checkpoint as ckpt
 
         ckpt.load_worker_checkpoint(self.engine, path, self.rank, self.rng if self.rollout is not None else None)
         self._weights_stale = True  # the rollout still holds the initial weights

@@ -65,7 +65,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> bool:
-        from hybridflow.trainer import checkpoint as ckpt
+        from workers import checkpoint as ckpt
 
         ckpt.save_worker_checkpoint(self.engine, path, self.rank, self.world_size)
         return True
@@ -77,7 +77,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
-        from hybridflow.trainer import checkpoint as ckpt
+        from workers import checkpoint as ckpt
 
         ckpt.load_worker_checkpoint(self.engine, path, self.rank)
         return True

@@ -53,16 +53,16 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> bool:
-        """The engine's sharded state, this rank's RNG and (rank 0) the metadata hybridflow.export
-        reads: the same folder layout as the RL actor's (hybridflow/trainer/checkpoint.py)."""
-        from hybridflow.trainer import checkpoint as ckpt
+        """The engine's sharded state, this rank's RNG and (rank 0) the metadata the HF export
+        reads: the same folder layout as the RL actor's (workers/checkpoint.py)."""
+        from workers import checkpoint as ckpt
 
         ckpt.save_worker_checkpoint(self.engine, path, self.rank, self.world_size)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> bool:
-        from hybridflow.trainer import checkpoint as ckpt
+        from workers import checkpoint as ckpt
 
         ckpt.load_worker_checkpoint(self.engine, path, self.rank)
         return True

@@ -3,7 +3,7 @@ estimators and controllers, loss aggregation, diagnostics. No distributed code, 
 
 Each kind has one registry dict in its own file (read that file to see every name):
   advantages.ADVANTAGE_ESTIMATORS   policy_loss.POLICY_LOSSES   kl.KL_ESTIMATORS
-  kl.KL_CONTROLLERS                 loss_agg.LOSS_AGG_MODES
+  kl.KL_CONTROLLERS                 loss_agg.LOSS_AGG_MODES   dynamic_sampling.FILTER_METRICS
 """
 
 from hybridflow.algorithms.advantages import (

@@ -20,7 +20,7 @@ class KLCtrlConfig:
 
 @dataclass
 class FilterGroupsConfig:
-    """DAPO's dynamic sampling (hybridflow/trainer/dynamic_sampling.py): drop prompts whose
+    """DAPO's dynamic sampling (hybridflow/algorithms/dynamic_sampling.py): drop prompts whose
     samples' ``metric`` (seq_reward | score | acc) are all equal and generate more until
     ``data.train_batch_size`` prompts remain; ``max_num_gen_batches`` caps the generation
     batches per step (0: no cap)."""

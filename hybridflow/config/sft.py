@@ -204,7 +204,7 @@ def _sft_path_errors(cfg: SFTConfig) -> list[str]:
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         errors.append(f"model.path: {cfg.model.path} is not an HF checkpoint directory (no "
                       f"config.json): fix the path{hub_id_hint(cfg.model.path)}")
-    from hybridflow.trainer.generations import writable_folder_error
+    from hybridflow.config.folders import writable_folder_error
 
     problem = writable_folder_error(cfg.trainer.default_local_dir, keep=False)  # a bad one fails before Ray
     if problem:

@@ -91,7 +91,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
     )
     from hybridflow.rewards.manager import REWARD_MANAGERS
-    from hybridflow.trainer.dynamic_sampling import FILTER_METRICS
+    from hybridflow.algorithms.dynamic_sampling import FILTER_METRICS
     from hybridflow.tracking.tracker import BACKENDS, backend_import_errors
 
     a, r, c, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic, cfg.trainer
@@ -375,7 +375,7 @@ def path_errors(cfg: RootConfig) -> list[str]:
     need("custom_reward_function.path", cfg.custom_reward_function.path, "file")
     if cfg.trainer.resume_mode not in RESUME_MODES:
         need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
-    from hybridflow.trainer.generations import writable_folder_error
+    from hybridflow.config.folders import writable_folder_error
 
     for key in ("default_local_dir", "rollout_data_dir", "validation_data_dir"):  # created here: a bad one fails now
         folder = getattr(cfg.trainer, key)

@@ -5,7 +5,7 @@ Layout under ``trainer.default_local_dir``::
     global_step_N/
         actor/                 the actor engine's sharded state (engine-specific files), the
                                workers' RNG files ``worker_rng_rank{r}.pt``, ``engine.json`` and
-                               ``huggingface/`` (config + tokenizer, for hybridflow.export;
+                               ``huggingface/`` (config + tokenizer, for the HF export;
                                with verl's ``checkpoint.save_contents`` hf_model, the whole
                                HF checkpoint: transformers loads it as is)
         critic/                the same for the critic, when there is one
@@ -18,6 +18,9 @@ Two files are written last, each atomically (temp file, fsync, rename): the mani
 folder, the tracker then names it. A crash anywhere in a save leaves the previous checkpoint as
 "latest"; a folder without a manifest, or whose files do not match it (deleted, truncated), is
 refused with an error naming the folder and the way out, never loaded half.
+
+This module is the controller's side; each role folder is written inside its workers by
+``workers/checkpoint.py``. The names both use are in ``hybridflow/checkpoint_files.py``.
 """
 from __future__ import annotations
 
@@ -30,51 +33,14 @@ import shutil
 import numpy as np
 import torch
 
-TRACKER = "latest_checkpointed_iteration.txt"
+from hybridflow.checkpoint_files import (  # noqa: F401 (re-exported: the trainer's checkpoint API)
+    HF_META_DIR, TRACKER, CheckpointError, read_tracker, step_dir, write_atomically, write_tracker,
+)
+
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 FORMAT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from (corrupted, partial, or another worker layout)."""
-
-
-def step_dir(root: str, step: int) -> str:
-    return os.path.join(root, f"global_step_{step}")
-
-
-def _write_atomically(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:  # make the rename itself durable
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_tracker(root: str, step: int) -> None:
-    _write_atomically(os.path.join(root, TRACKER), str(step))
-
-
-def read_tracker(root: str) -> int | None:
-    """The step the tracker names, None without a tracker; garbage is an error, not "no checkpoint"."""
-    tracker = os.path.join(root, TRACKER)
-    if not os.path.exists(tracker):
-        return None
-    with open(tracker) as f:
-        text = f.read().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"{tracker} is corrupted (holds {text[:40]!r}, not a step number): write the step "
-                              f"of a complete global_step_* folder into it, or set trainer.resume_mode=<folder> or "
-                              f"trainer.resume_mode=disable")
-    return int(text)
 
 
 def write_manifest(path: str, step: int, layout: dict) -> None:
@@ -87,7 +53,7 @@ def write_manifest(path: str, step: int, layout: dict) -> None:
             if rel != MANIFEST and not name.endswith(".tmp"):
                 files[rel] = os.path.getsize(full)
     manifest = {"format": FORMAT_VERSION, "step": step, "layout": layout, "files": dict(sorted(files.items()))}
-    _write_atomically(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1))
+    write_atomically(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1))
 
 
 def check_complete(path: str) -> dict:
@@ -161,7 +127,7 @@ def check_layout(path: str, saved: dict, current: dict) -> None:
         raise CheckpointError(f"checkpoint {path} was saved with another worker layout ({'; '.join(diffs)}): resume "
                               f"with the saved settings (trainer.nnodes, trainer.n_gpus_per_node, parallel sizes, "
                               f"LoRA keys), "
-                              f"or export it with `python -m hybridflow.export` and start a new run from the export")
+                              f"or export it with `python scripts/export_hf.py` and start a new run from the export")
 
 
 def start_save(root: str, step: int) -> str:
@@ -228,77 +194,3 @@ def prune(root: str, keep: int | None) -> list[int]:
     for step in doomed:
         shutil.rmtree(step_dir(root, step), ignore_errors=True)
     return doomed
-
-
-# ---------------------------------------------------------------------- worker side
-# Called inside each worker process by the actor, critic and SFT workers' save/load_checkpoint.
-WORKER_RNG = "worker_rng_rank{rank}.pt"
-ENGINE_META = "engine.json"
-HF_META_DIR = "huggingface"
-
-
-def save_worker_rng(path: str, rank: int, rollout_streams=None) -> None:
-    """This rank's RNG: python, numpy and torch (the training stream; on GPU the device's too) and,
-    on rollout ranks, the generation stream. vLLM's CPU sampler draws its noise from the
-    process's global torch generator, which RNGStreams swaps in for generation, so the generation
-    stream is the whole sampling state: restoring it restores the sampled tokens."""
-    from hybridflow import device
-
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": device.rng_state(),
-             "rollout": rollout_streams.state_dict() if rollout_streams is not None else None}
-    torch.save(state, os.path.join(path, WORKER_RNG.format(rank=rank)))
-
-
-def load_worker_rng(path: str, rank: int, rollout_streams=None) -> None:
-    from hybridflow import device
-
-    file = os.path.join(path, WORKER_RNG.format(rank=rank))
-    if not os.path.exists(file):
-        raise CheckpointError(f"{file} is missing: the checkpoint was saved by fewer workers or is damaged")
-    state = torch.load(file, weights_only=False)
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    device.set_rng_state(state["torch"])
-    if rollout_streams is not None and state["rollout"] is not None:
-        rollout_streams.load_state_dict(state["rollout"])
-
-
-def save_engine_meta(engine, path: str, world_size: int) -> None:
-    """``engine.json`` (strategy, parallel sizes, role) and ``huggingface/`` (config.json naming the
-    HF class, tokenizer files): what hybridflow.export needs besides the weight shards. Rank 0 only."""
-    from workers.engines.hf_export import copy_tokenizer_files
-
-    strategy = engine.config.strategy
-    if strategy == "megatron":
-        architecture = engine._hf_architecture()
-        hf_config = engine.hf_config
-        if engine.role == "critic":
-            hf_config = type(hf_config).from_dict({**hf_config.to_dict(), "num_labels": 1})
-    else:
-        architecture, hf_config = engine.architecture, engine.hf_config
-    meta = {"strategy": strategy, "role": engine.role, "world_size": world_size,
-            "tp": getattr(engine, "tp", 1), "pp": getattr(engine, "pp", 1), "architecture": architecture,
-            "source_model": engine.model_path,
-            # LoRA: the checkpoint holds each adapted weight's base and adapters; export merges them
-            "lora_scalings": dict(getattr(engine, "lora_scalings", None) or {})}
-    hf_dir = os.path.join(path, HF_META_DIR)
-    os.makedirs(hf_dir, exist_ok=True)
-    hf_config = type(hf_config).from_dict(hf_config.to_dict())
-    hf_config.architectures = [architecture]
-    hf_config.save_pretrained(hf_dir)
-    copy_tokenizer_files(engine.model_path, hf_dir)
-    _write_atomically(os.path.join(path, ENGINE_META), json.dumps(meta, indent=1))
-
-
-def save_worker_checkpoint(engine, path: str, rank: int, world_size: int, rollout_streams=None) -> None:
-    """One role's folder: the engine's sharded state, this rank's RNG and, from rank 0, the
-    engine metadata hybridflow.export reads."""
-    engine.save_checkpoint(path)
-    save_worker_rng(path, rank, rollout_streams)
-    if rank == 0:
-        save_engine_meta(engine, path, world_size)
-
-
-def load_worker_checkpoint(engine, path: str, rank: int, rollout_streams=None) -> None:
-    engine.load_checkpoint(path)
-    load_worker_rng(path, rank, rollout_streams)

@@ -11,14 +11,13 @@ A row is verl's ``_dump_generations`` record: ``input`` (prompt text), ``output`
 ``gts`` (ground truth), ``score``, ``step``, plus ``data_source`` and the extra fields the reward
 function returned for that sample (e.g. ``acc``). The files are a side output: a write that fails
 logs a warning and training goes on; the folders are checked writable before Ray starts
-(``writable_folder_error``, called from hybridflow/config/validate.py).
+(``hybridflow/config/folders.py``, called from hybridflow/config/validate.py).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import tempfile
 from typing import Any, Sequence
 
 import numpy as np
@@ -158,25 +157,3 @@ def write_val_generations(output_dir: str, step: int, rows: list[dict]) -> str:
         print(f"[val step {step}] {first['input']!r} -> {first['output']!r} (score {first['score']:g}; "
               f"{len(rows)} samples in {path})", flush=True)
     return path
-
-
-def writable_folder_error(folder: str, keep: bool = True) -> str | None:
-    """None when ``folder`` exists (it is created) and takes new files, else why not. Run before
-    Ray starts, so a bad folder fails in a second, not after the first step's work. ``keep=False``
-    removes again the folders the check created."""
-    created, parent = [], os.path.abspath(folder)
-    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-        created.append(parent)
-        parent = os.path.dirname(parent)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()  # a nameless file: nothing is left behind
-    except OSError as err:
-        return err.strerror or str(err)
-    finally:
-        for path in created if not keep else ():  # deepest first; only the empty folders made here
-            try:
-                os.rmdir(path)
-            except OSError:
-                break
-    return None

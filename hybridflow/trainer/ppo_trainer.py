@@ -24,7 +24,7 @@ from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balanced_order
-from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
+from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.reward_process import RewardProcess, score_batch
 from hybridflow.trainer.val_metrics import join_columns, validation_metrics

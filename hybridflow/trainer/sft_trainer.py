@@ -1,7 +1,7 @@
 """Supervised fine-tuning loop (a warm start before RL): one optimizer step per batch of
 ``data.train_batch_size`` sequences, validation NLL every ``test_freq`` steps (or per epoch),
 checkpoints every ``save_freq`` steps in the RL trainer's folder layout, so ``resume_mode`` and
-``python -m hybridflow.export`` work the same way for both."""
+``python scripts/export_hf.py`` work the same way for both."""
 from __future__ import annotations
 
 import math

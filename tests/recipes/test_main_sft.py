@@ -5,7 +5,7 @@ an epoch is 2 steps, all with LoRA adapters on every linear layer (the adapters 
 only trainable parameters; the full fine-tuning path is the same recipe without them, and the
 engine tests cover it):
 - A: sharded FSDP, 2 epochs (4 steps) uninterrupted: the reference. Its NLL must fall, its HF
-  export must load in transformers, and ``hybridflow.export`` of its last checkpoint must give
+  export must load in transformers, and ``scripts/export_hf.py`` of its last checkpoint must give
   the same weights as the engine's own HF export (adapters merged in both).
 - B: the replicated layout (``model.fsdp_config.fsdp_size=1``) stopped after 2 steps with a
   checkpoint, then started again, sharded, with ``resume_mode=auto`` to finish the 4 steps (a
@@ -84,7 +84,7 @@ def test_sft_lora_sharded_then_replicated_resume_matches(sft_assets, tmp_path):
     only the adapted weights moved."""
     import torch
 
-    from hybridflow.export import export
+    from workers.export import export
 
     ref_dir, resumed_dir = tmp_path / "sharded", tmp_path / "replicated"
     lora = ["model.lora_rank=8", "model.lora_alpha=16", "optim.lr=5e-3"]

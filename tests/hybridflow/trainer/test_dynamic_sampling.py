@@ -8,7 +8,7 @@ import torch
 
 from hybridflow.data.loader import ResumablePromptLoader
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
+from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 
 PROMPT, RESPONSE = 3, 2
 

@@ -11,7 +11,7 @@ import torch
 from hybridflow.protocol import DataProto
 from hybridflow.tiny import load_tokenizer, save_char_tokenizer
 from hybridflow.trainer.generations import (
-    carry, dump_generations, generation_rows, rollout_rows, take_carried, writable_folder_error,
+    carry, dump_generations, generation_rows, rollout_rows, take_carried,
     write_val_generations,
 )
 
@@ -106,9 +106,6 @@ def test_a_failed_write_warns_and_training_goes_on(tok, tmp_path, caplog):
         dump_generations(str(blocker), 1, rows)
         write_val_generations(str(blocker), 1, rows)
     assert caplog.text.count("training goes on") == 2
-    assert writable_folder_error(str(blocker / "sub")) == "Not a directory"
-    assert writable_folder_error(str(tmp_path / "new" / "folder")) is None
-    assert os.listdir(tmp_path / "new" / "folder") == []  # the probe leaves nothing behind
 
 
 def test_val_generations_are_appended_per_step_and_the_first_printed(tok, tmp_path, capsys):

@@ -107,8 +107,8 @@ def _engine_scenario(rank, world, ckpt, workdir):
         # resume: adapters and their optimizer state come back, the next step is the same
         path = os.path.join(workdir, f"ckpt_{fsdp_size}")
         engine.save_checkpoint(path)
-        if rank == 0:  # what hybridflow.export reads besides the shards
-            from hybridflow.trainer.checkpoint import save_engine_meta
+        if rank == 0:  # what the HF export reads besides the shards
+            from workers.checkpoint import save_engine_meta
 
             save_engine_meta(engine, path, world)
         second = engine.train_batch(mine, policy_gradient_loss)
@@ -178,7 +178,7 @@ def test_engine_lora_step_matches_a_single_process_step(ckpt, tmp_path):
         for name, tensor in expected.items():
             torch.testing.assert_close(got[name], tensor, rtol=0, atol=2e-6, msg=name)
         # the offline export of the saved step (adapters merged) is the engine's own export
-        from hybridflow.export import export
+        from workers.export import export
         from safetensors.torch import load_file
 
         exported = load_file(os.path.join(export(str(tmp_path / f"ckpt_{fsdp_size}"), str(tmp_path / f"hf_{fsdp_size}")),

@@ -1,4 +1,4 @@
-"""hybridflow.export: FSDP and Megatron (tp=2 x pp=2) training checkpoints -> HF checkpoints.
+"""scripts/export_hf.py (workers/export.py): FSDP and Megatron (tp=2 x pp=2) training checkpoints -> HF checkpoints.
 
 Each engine trains one step on real gloo ranks (so the weights are no longer the initial ones),
 saves its sharded checkpoint and, as the reference, its own ``save_hf`` output. The export runs
@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _train_and_save(rank, world, model_path, workdir, strategy, tp, pp):
-    from hybridflow.trainer import checkpoint as ckpt
+    from workers import checkpoint as ckpt
     from workers.engines.config import EngineConfig
 
     config = EngineConfig(strategy=strategy, tp=tp, pp=pp, lr=1e-2, lr_schedule="constant",
@@ -72,7 +72,7 @@ def fsdp_export(tmp_path_factory):
     work = root / "run"
     run_distributed(_train_and_save, 2, model, str(work), "fsdp", 1, 1, timeout_s=300)
     out = root / "exported"
-    proc = subprocess.run([sys.executable, "-m", "hybridflow.export", str(work / "global_step_1"), str(out)],
+    proc = subprocess.run([sys.executable, "scripts/export_hf.py", str(work / "global_step_1"), str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"model": model, "work": work, "out": out}
@@ -112,7 +112,7 @@ def test_fsdp_export_loads_in_vllm_with_transformers_greedy_tokens(fsdp_export):
 
 
 def test_megatron_tp2_pp2_checkpoint_exports_with_identical_logits(tmp_path):
-    from hybridflow.export import export
+    from workers.export import export
     from hybridflow.tiny import load_tokenizer
 
     model = make_tiny_checkpoint(str(tmp_path / "model"), arch="qwen2", tied=True)
@@ -125,14 +125,14 @@ def test_megatron_tp2_pp2_checkpoint_exports_with_identical_logits(tmp_path):
 
 
 def test_export_of_a_folder_without_checkpoint_is_a_clear_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hybridflow.export", str(tmp_path), str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "scripts/export_hf.py", str(tmp_path), str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "is not a checkpoint" in proc.stderr and "global_step_N" in proc.stderr
 
 
 def test_export_of_a_role_the_run_did_not_train_names_the_roles_saved(fsdp_export, tmp_path):
-    from hybridflow.export import ExportError, export
+    from workers.export import ExportError, export
 
     step = fsdp_export["work"] / "global_step_1"
     with pytest.raises(ExportError, match=r"holds no critic checkpoint \(saved roles: actor\).*--role actor"):
@@ -143,7 +143,7 @@ def test_export_of_a_role_the_run_did_not_train_names_the_roles_saved(fsdp_expor
 
 
 def test_export_names_an_external_lib_it_cannot_import(tmp_path, capsys):
-    from hybridflow.export import main
+    from workers.export import main
 
     assert main([str(tmp_path), str(tmp_path / "out"), "--external-lib", "no_such_module_xyz"]) == 2
     assert capsys.readouterr().err.startswith("export error: --external-lib='no_such_module_xyz' cannot be imported")

@@ -1,6 +1,6 @@
 """Turn a saved actor (or critic) into an ordinary HF checkpoint:
 
-    python -m hybridflow.export <checkpoint> <out_dir> [--role actor|critic] [--external-lib MODULE]
+    python scripts/export_hf.py <checkpoint> <out_dir> [--role actor|critic] [--external-lib MODULE]
 
 ``<checkpoint>`` is a role folder (``.../global_step_N/actor``), a ``global_step_N`` folder, or a
 run's ``default_local_dir`` (its latest complete checkpoint). The output is ``model.safetensors`` +
@@ -30,8 +30,12 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from hybridflow import checkpoint_files as ckpt
 from hybridflow.model_overrides import external_lib_error
-from hybridflow.trainer import checkpoint as ckpt
+from workers.engines.hf_export import write_hf_checkpoint
+from workers.engines.lora import merge_lora
+from workers.models.convert import VALUE_HEAD, shards_to_hf
+from workers.models.layout import ModelDims, param_specs
 
 
 class ExportError(ValueError):
@@ -61,8 +65,6 @@ def fsdp_tensors(role_dir: str, tied: bool, lora_scalings: dict[str, float]) -> 
     merged into their weights as the engine's own export does."""
     import torch.distributed.checkpoint as dcp
 
-    from workers.engines.lora import merge_lora
-
     reader = dcp.FileSystemReader(os.path.join(role_dir, "dcp"))
     metadata = reader.read_metadata()
     model = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -85,9 +87,6 @@ def fsdp_tensors(role_dir: str, tied: bool, lora_scalings: dict[str, float]) -> 
 
 def megatron_tensors(role_dir: str, hf_config, meta: dict) -> Iterator[tuple[str, Tensor]]:
     """HF-named full tensors from the Megatron engine's per-(tp, pp) files."""
-    from workers.models.convert import VALUE_HEAD, shards_to_hf
-    from workers.models.layout import ModelDims, param_specs
-
     folder = os.path.join(role_dir, "megatron")
     with open(os.path.join(folder, "layout.json")) as f:
         layout = json.load(f)
@@ -117,8 +116,6 @@ def export(checkpoint: str, out_dir: str, role: str | None = None) -> str:
     ``role=None``: the role folder given, or the actor of a step folder or run."""
     from transformers import AutoConfig
 
-    from workers.engines.hf_export import write_hf_checkpoint
-
     role_dir = resolve_role_dir(checkpoint, role or "actor")
     with open(os.path.join(role_dir, ckpt.ENGINE_META)) as f:
         meta = json.load(f)
@@ -140,7 +137,7 @@ def export(checkpoint: str, out_dir: str, role: str | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hybridflow.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/export_hf.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="global_step_N folder, its actor/ or critic/ folder, or a run folder")
     parser.add_argument("out_dir", help="where to write the HF checkpoint")
     parser.add_argument("--role", default=None, choices=("actor", "critic"),
