@@ -6,7 +6,8 @@
     tracker.finish()
 
 Every backend has the same three-call shape: `__init__(output_dir, project_name,
-experiment_name, config)`, `log(metrics, step)`, `finish()`. The names accepted in
+experiment_name, config)`, `log(metrics, step)`, `finish()`, and optionally `drop_after(step)`
+(where a resumed or fresh run starts, called before its first `log`). The names accepted in
 `trainer.logger` are the keys of `BACKENDS`; adding a backend means adding one file and one
 entry there.
 """
@@ -101,8 +102,9 @@ class Tracker:
             raise
 
     def drop_after(self, step: int) -> None:
-        """Forget what file backends hold past ``step`` (-1: all): called once a run knows where it
-        starts (see ``JsonlLogger.drop_after``)."""
+        """Called once a run knows where it starts: after ``step`` (-1: a fresh start, nothing
+        kept) the earlier attempts' records do not count. jsonl drops them, TensorBoard hides them,
+        MLflow continues the folder's run (or starts a new one for -1); see each backend."""
         for backend in self.backends.values():
             if hasattr(backend, "drop_after"):
                 backend.drop_after(step)

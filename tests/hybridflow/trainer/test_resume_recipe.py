@@ -9,7 +9,8 @@ command and resumes by itself (``trainer.resume_mode=auto``). Steps 3-4 must mat
 reference to 1e-6 in fp32: same data order, same sampled responses (the generation RNG is part
 of the checkpoint), same optimizer state. The reference scores in the async reward process
 (``reward_model.launch_reward_fn_async``) and the other runs inline, so the match also shows the
-overlap changes nothing, down to the rows of the rollout dumps.
+overlap changes nothing, down to the rows of the rollout dumps. The killed and resumed runs also
+log to TensorBoard and MLflow, which must hold one curve and one run across the two processes.
 """
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ STEPS = ["trainer.total_epochs=2", "trainer.total_training_steps=null", "trainer
          "trainer.test_freq=2", "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
          # verl's hf_model: every checkpoint also holds the actor as an HF checkpoint (resume ignores it)
          "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+# jsonl first: the kill lands right after the step-2 checkpoint, before or after its step is logged
+LOGGERS = "trainer.logger=[jsonl,console,tensorboard,mlflow]"
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean", "val/score/mean")
 
 
-def _run_and_kill_after_checkpoint(assets, out_dir, step: int, timeout: float = 400) -> None:
+def _run_and_kill_after_checkpoint(assets, out_dir, *extra: str, step: int, timeout: float = 400) -> None:
     """Start the recipe in its own session; SIGKILL every process of it once the tracker names
     ``step`` (the tracker is written last, so the checkpoint is complete by then)."""
-    proc = subprocess.Popen(recipe_cmd(assets, out_dir, *STEPS), cwd=REPO, env=recipe_env(),
+    proc = subprocess.Popen(recipe_cmd(assets, out_dir, *STEPS, *extra), cwd=REPO, env=recipe_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     tracker = out_dir / TRACKER
@@ -77,10 +80,10 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
     final = load_file(str(reference / "hf" / "model.safetensors"))
     assert in_checkpoint.keys() == final.keys() and all(torch.equal(in_checkpoint[k], final[k]) for k in final)
 
-    _run_and_kill_after_checkpoint(assets, resumed, step=2)
+    _run_and_kill_after_checkpoint(assets, resumed, LOGGERS, step=2)
     assert not (resumed / "global_step_4").exists()
     assert {"manifest.json", "trainer_state.pt", "actor"} <= set(os.listdir(resumed / "global_step_2"))
-    proc = run_recipe(assets, resumed, *STEPS)
+    proc = run_recipe(assets, resumed, *STEPS, LOGGERS)
     assert "resumed from" in proc.stdout + proc.stderr
     got = read_steps(resumed)
     assert sorted(s for s in got if s > 0) == [1, 2, 3, 4]
@@ -93,6 +96,7 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
             assert got[step][key] == pytest.approx(ref[step][key], abs=1e-6, rel=0), (step, key)
     for step in (3, 4):  # the same responses, scores and reward fields, row for row
         assert (resumed / "rollouts" / f"{step}.jsonl").read_text() == (reference / "rollouts" / f"{step}.jsonl").read_text()
+    _assert_one_curve_and_one_run(resumed, {s: got[s]["critic/score/mean"] for s in (3, 4)})
     # the reference's scores are not constant, so the comparison above can tell runs apart
     assert len({round(ref[s]["critic/score/mean"], 6) for s in (1, 2, 3, 4)}) > 1
 
@@ -100,3 +104,27 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
     again = run_recipe(assets, reference, *STEPS)
     assert "nothing to train: resumed at step 4, the run's last step" in again.stdout + again.stderr
     assert read_steps(reference) == ref
+
+
+def _assert_one_curve_and_one_run(out_dir, resumed_scores: dict[int, float]) -> None:
+    """TensorBoard shows each step once and MLflow holds one run, with the resumed steps' scores."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(out_dir / "tensorboard"))
+    events.Reload()
+    curve = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item())
+             for e in events.Tensors("critic/score/mean")]
+    assert [s for s, _ in curve] == sorted({s for s, _ in curve}), curve
+    client = MlflowClient(tracking_uri=f"sqlite:///{out_dir}/mlruns/mlflow.db")
+    run = client.get_run(json.loads((out_dir / "mlflow_run.json").read_text())["run_id"])
+    assert [r.info.run_id for r in client.search_runs([run.info.experiment_id])] == [run.info.run_id]
+    assert run.data.tags["resumed_after_step"] == "2" and run.info.status == "FINISHED"
+    history = sorted(client.get_metric_history(run.info.run_id, "critic/score/mean"), key=lambda m: m.timestamp)
+    latest = {m.step: m.value for m in history}
+    for step, score in resumed_scores.items():
+        assert dict(curve)[step] == pytest.approx(score, abs=1e-6), (step, curve)
+        assert latest[step] == pytest.approx(score, abs=1e-6), (step, latest)
