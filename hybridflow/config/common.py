@@ -77,7 +77,8 @@ class FSDPConfig:
     """Only read when ``strategy == "fsdp"``. ``fsdp_size``: how many data-parallel ranks share one
     copy of the parameters. -1: all of them (FSDP); 1: none, each rank holds the whole model and
     gradients are all-reduced (DDP; fastest when the model fits, e.g. small models on CPU);
-    k: HSDP (shard within groups of k, replicate across groups). ``forward_prefetch`` (sharded
+    k: HSDP (shard within groups of k, replicate across groups); auto (the default): 1 on a CPU
+    host whose memory holds every role's replicas easily, else -1 (config/auto_fsdp_size.py). ``forward_prefetch`` (sharded
     layouts, CPU): gather each layer's parameters one layer ahead, in forward and in backward, so
     the gathers overlap compute (see workers/engines/fsdp_layout.py); on GPU FSDP2 does this itself.
     ``reshard_after_forward`` (sharded layouts): false keeps each layer's gathered parameters until
@@ -87,7 +88,7 @@ class FSDPConfig:
     optimizer state rest in host memory between engine calls (workers/engines/offload.py), the
     usual choice for a frozen reference policy; on CPU there is nothing to move."""
 
-    fsdp_size: int = -1
+    fsdp_size: int | str = "auto"  # auto | -1 | 1 | k
     forward_prefetch: bool = True
     reshard_after_forward: bool = True
     param_offload: bool = False

@@ -12,6 +12,7 @@ import functools
 import sys
 from dataclasses import dataclass
 
+from hybridflow.config import auto_fsdp_size
 from hybridflow.config.root import RootConfig
 
 # Mirrors of names owned by workers/ (tests check they stay equal to the workers' tuples).
@@ -39,12 +40,12 @@ def resolve_param_dtype(value: str, device: str) -> str:
     from hybridflow.device import auto_param_dtype, uses_gpu  # lazy: keeps config import torch-free
 
     dtype, why = auto_param_dtype(uses_gpu(device))
-    _say_once(f"param_dtype=auto -> {dtype}: {why}. Set it explicitly (fp32 | bf16) to choose.")
+    say_once(f"param_dtype=auto -> {dtype}: {why}. Set it explicitly (fp32 | bf16) to choose.")
     return dtype
 
 
 @functools.cache
-def _say_once(line: str) -> None:
+def say_once(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
@@ -242,6 +243,7 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     """Arguments of ``workers.engines.config.EngineConfig`` for the actor (and, with the same
     parallel sizes, the reference policy, which build.py gives no adapters)."""
     actor, d = cfg.actor_rollout_ref.actor, derived
+    auto_fsdp_size.resolve_rl(cfg)  # a config built in code, not by load_config, may still say auto
     total = None if d.total_training_steps is None else d.total_training_steps * d.actor_optimizer_steps_per_step
     dtype = resolve_param_dtype(actor.param_dtype, cfg.trainer.device)
     engine = _engine_kwargs(actor.strategy, actor.megatron, dtype, actor.optim,
@@ -256,6 +258,7 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     critic, d = cfg.critic, derived
+    auto_fsdp_size.resolve_rl(cfg)
     total = None if d.total_training_steps is None else d.total_training_steps * d.critic_optimizer_steps_per_step
     dtype = resolve_param_dtype(critic.param_dtype, cfg.trainer.device)
     engine = _engine_kwargs(critic.strategy, critic.megatron, dtype, critic.optim,

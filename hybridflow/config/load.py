@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hybridflow.config import auto_fsdp_size
 from hybridflow.config.derived import canonical_strategy, needs_critic, resolve_param_dtype
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.root import RootConfig
@@ -98,6 +99,7 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     # the reference computes as the actor; an unused critic's auto stays unresolved (and unsaid)
     for role in (root.actor_rollout_ref.actor, *([root.critic] if needs_critic(root) else [])):
         role.param_dtype = resolve_param_dtype(role.param_dtype, root.trainer.device)
+    auto_fsdp_size.resolve_rl(root)
     root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
     return root
 
@@ -260,6 +262,8 @@ def _describe(tp: Any) -> str:
 
 
 def _parses_as(tp: Any, text: str) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return False
     if tp is bool:
         return text.lower() in ("true", "false")
     try:
@@ -302,6 +306,11 @@ class _Builder:
             options = [a for a in args if a is not type(None)]
             if len(options) == 1:
                 return self.convert(options[0], value, key)
+            for option in options:  # the first that takes the value, in the order written (int | str)
+                trial = _Builder(self.valid_keys)
+                converted = trial.convert(option, value, key)
+                if not trial.errors:
+                    return converted
             return self.fail(tp, value, key)
         if dataclasses.is_dataclass(tp):
             return self.build(tp, value, key + ".")

@@ -99,11 +99,13 @@ class SFTConfig:
 
 def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
     """Like ``load_config`` for the SFT tree: unknown keys and wrong types raise ConfigError."""
+    from hybridflow.config import auto_fsdp_size
     from hybridflow.config.load import resolve_resume_mode
 
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
     sft.model.strategy = canonical_strategy(sft.model.strategy)
     sft.model.param_dtype = resolve_param_dtype(sft.model.param_dtype, sft.trainer.device)
+    auto_fsdp_size.resolve_sft(sft)
     if sft.model.partial_pretrain:  # a verl SFT script names the model so
         sft.model.path = sft.model.partial_pretrain
     if sft.optim.warmup_steps_ratio is not None:  # verl's SFT name

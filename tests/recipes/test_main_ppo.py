@@ -100,7 +100,8 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
         # 2 mini-batches per step: the second is off-policy, so clipping and ppo_kl are exercised
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",  # a replicated reference next to a sharded actor
+        # a replicated reference next to a sharded actor (auto would replicate both at this size)
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",
         "trainer.log_val_generations=3", f"trainer.rollout_data_dir={out}/rollout",
         f"trainer.validation_data_dir={out}/validation", f"ray_kwargs.timeline_json_file={out}/timeline.json"])
     metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"))
@@ -147,7 +148,8 @@ def test_grpo_in_bf16_where_param_dtype_auto_picks_it(recipe_assets, tmp_path):
     out = str(tmp_path / "run")
     result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"], env={"HYBRIDFLOW_AUTO_DTYPE": "bf16"})
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+        "actor_rollout_ref.ref.fsdp_config.fsdp_size=-1"], env={"HYBRIDFLOW_AUTO_DTYPE": "bf16"})
     assert "param_dtype=auto -> bf16" in result.stderr, result.stderr[-3000:]
     # bf16 rounds each probability to ~3 significant digits, and vLLM's kernels round elsewhere
     # than the trainer's: measured 0.001-0.006 on tiny models, 0.05-0.09 on a 25M one
@@ -233,7 +235,7 @@ def test_remax(recipe_assets, tmp_path):
         # LoRA on the sharded actor, a large lr: vLLM must get the merged weights (else the run
         # fails), the reference is the actor with its adapters off (KL 0 at step 1, not at step 2)
         "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.actor.optim.lr=1e-2"])
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"])
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("timing_s/gen_max", "actor/reward_kl_penalty", "timing_s/ref"))
     # step 1 samples from the reference weights (KL exactly 0); after one update the k1 estimate

@@ -88,7 +88,8 @@ def test_sft_lora_sharded_then_replicated_resume_matches(sft_assets, tmp_path):
 
     ref_dir, resumed_dir = tmp_path / "sharded", tmp_path / "replicated"
     lora = ["model.lora_rank=8", "model.lora_alpha=16", "optim.lr=5e-3"]
-    run_sft(sft_assets, ref_dir, *lora)
+    sharded = ["model.fsdp_config.fsdp_size=-1"]  # auto would replicate a model this small on CPU
+    run_sft(sft_assets, ref_dir, *lora, *sharded)
     ref = read_metrics(ref_dir)
     assert sorted(ref) == [1, 2, 3, 4]
     assert ref[4]["train/nll"] < ref[1]["train/nll"]
@@ -107,7 +108,7 @@ def test_sft_lora_sharded_then_replicated_resume_matches(sft_assets, tmp_path):
     replicated = ["model.fsdp_config.fsdp_size=1"]
     run_sft(sft_assets, resumed_dir, *lora, *replicated, "trainer.total_training_steps=2")
     assert not (resumed_dir / "global_step_4").exists()
-    proc = run_sft(sft_assets, resumed_dir, *lora, "trainer.resume_mode=auto")  # sharded from here on
+    proc = run_sft(sft_assets, resumed_dir, *lora, *sharded, "trainer.resume_mode=auto")  # sharded from here on
     assert "resumed from" in proc.stdout + proc.stderr
     got = read_metrics(resumed_dir)
     for step in (3, 4):

@@ -101,7 +101,7 @@ def test_fsdp_config_reaches_actor_ref_and_critic_engines():
     cfg = load_config({"algorithm": {"adv_estimator": "gae"},
                        "actor_rollout_ref": {"actor": {"fsdp_config": {"fsdp_size": 1, "forward_prefetch": False}},
                                              "ref": {"fsdp_config": {"fsdp_size": 2}}},
-                       "critic": {"model": {"fsdp_config": {"forward_prefetch": False}}},
+                       "critic": {"model": {"fsdp_config": {"fsdp_size": -1, "forward_prefetch": False}}},
                        "trainer": {"n_gpus_per_node": 2}})
     d = derive(cfg, dataset_len=64)
     settings = build.actor_settings(cfg, d, ("actor", "rollout", "ref"))

@@ -9,7 +9,7 @@ from hybridflow.config import (
     ConfigError, RootConfig, cli_info, compose_config, derive, dotted_keys, load_config,
     split_cli_args, validate,
 )
-from hybridflow.config.derived import _say_once as say_once
+from hybridflow.config.derived import say_once
 from hybridflow.config.derived import rollout_engine_kwargs as derive_rollout_kwargs
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 
