@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import struct
+from typing import Any, NamedTuple
 
 AUTO = "auto"
 HOST_SHARE = 0.25   # of host memory that replicated training state may take
@@ -87,57 +88,67 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+class Role(NamedTuple):
+    """One role's part in the decision; ``used``: the run builds it (a reference only with KL)."""
+    name: str
+    strategy: str
+    fsdp_config: Any
+    model_path: str | None
+    trained: bool
+    lora: bool
+    workers_per_host: int
+    used: bool = True
+
+
 def resolve_rl(cfg) -> None:
     """Resolve every ``auto`` fsdp_size of an RL config (``RootConfig``) in place."""
     from hybridflow.config.derived import needs_critic, needs_reference
 
     arr, tr = cfg.actor_rollout_ref, cfg.trainer
     side = tr.separate_pool_gpus_per_node if tr.placement == "separate" else tr.n_gpus_per_node
-    lora = arr.model.lora_rank > 0
-    candidates = [("actor", arr.actor.strategy, arr.actor.fsdp_config, arr.model.path, True, lora,
-                   tr.n_gpus_per_node),
-                  ("reference", arr.actor.strategy, arr.ref.fsdp_config, arr.model.path, False, False, side)]
+    roles = [Role("actor", arr.actor.strategy, arr.actor.fsdp_config, arr.model.path, True,
+                  arr.model.lora_rank > 0, tr.n_gpus_per_node),
+             Role("reference", arr.actor.strategy, arr.ref.fsdp_config, arr.model.path, False, False, side,
+                  used=needs_reference(cfg))]
     if needs_critic(cfg):
-        candidates.append(("critic", cfg.critic.strategy, cfg.critic.model.fsdp_config,
-                           cfg.critic.model.path or arr.model.path, True, cfg.critic.model.lora_rank > 0, side))
-    used = {"actor": True, "reference": needs_reference(cfg), "critic": True}
-    _resolve(candidates, used, tr.device)
+        roles.append(Role("critic", cfg.critic.strategy, cfg.critic.model.fsdp_config,
+                          cfg.critic.model.path or arr.model.path, True, cfg.critic.model.lora_rank > 0, side))
+    _resolve(roles, tr.device)
 
 
 def resolve_sft(sft) -> None:
     """The same for the SFT recipe's one model."""
     m = sft.model
-    _resolve([("model", m.strategy, m.fsdp_config, m.path, True, m.lora_rank > 0, sft.trainer.n_gpus_per_node)],
-             {"model": True}, sft.trainer.device)
+    _resolve([Role("model", m.strategy, m.fsdp_config, m.path, True, m.lora_rank > 0, sft.trainer.n_gpus_per_node)],
+             sft.trainer.device)
 
 
-def _resolve(candidates, used: dict[str, bool], device: str) -> None:
-    auto = [c for c in candidates if c[2].fsdp_size == AUTO]
-    if not auto:
-        return
-    for _, strategy, fsdp_config, *_ in auto:
-        if strategy != "fsdp":  # megatron reads no fsdp_size; -1 is what validation expects there
-            fsdp_config.fsdp_size = -1
-    auto = [c for c in auto if c[1] == "fsdp"]
+def _resolve(roles: list[Role], device: str) -> None:
+    auto = [r for r in roles if r.fsdp_config.fsdp_size == AUTO]
+    for role in auto:
+        if role.strategy != "fsdp":  # megatron reads no fsdp_size; -1 is what validation expects there
+            role.fsdp_config.fsdp_size = -1
+    auto = [r for r in auto if r.strategy == "fsdp"]
     if not auto:
         return
     from hybridflow.config.derived import say_once
     from hybridflow.device import uses_gpu  # lazy: keeps config import torch-free
 
-    live = [c for c in auto if used[c[0]]]
-    offloaded = [c[0] for c in live if c[2].param_offload or c[2].optimizer_offload]
-    if max((c[6] for c in live), default=1) == 1:  # one worker per role: nothing to shard or replicate
+    live = [r for r in auto if r.used]
+    offloaded = [r.name for r in live if r.fsdp_config.param_offload or r.fsdp_config.optimizer_offload]
+    if max((r.workers_per_host for r in live), default=1) == 1:  # one worker per role: nothing to shard or replicate
         size, why = -1, ""
     elif offloaded:
         size, why = -1, f"{', '.join(offloaded)} offload to host memory, which needs sharded parameters"
     else:
-        roles = []
-        for name, _, _, path, trained, lora, workers in live:
-            count = checkpoint_parameter_count(path)
-            roles.append((name, None if count is None else replica_bytes(count, trained, lora), workers))
-        size, why = choose(roles, uses_gpu(device), host_memory_bytes())
-    for _, _, fsdp_config, *_ in auto:
-        fsdp_config.fsdp_size = size
+        sizes = []
+        for r in live:
+            count = checkpoint_parameter_count(r.model_path)
+            sizes.append((r.name, None if count is None else replica_bytes(count, r.trained, r.lora),
+                          r.workers_per_host))
+        size, why = choose(sizes, uses_gpu(device), host_memory_bytes())
+    for role in auto:
+        role.fsdp_config.fsdp_size = size
     if why:
         layout = "1 (replicated, DDP)" if size == 1 else "-1 (sharded over all workers)"
         say_once(f"fsdp_size=auto -> {layout}: {why}. Set fsdp_config.fsdp_size explicitly (-1 | 1 | k) to choose.")

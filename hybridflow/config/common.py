@@ -78,9 +78,10 @@ class FSDPConfig:
     copy of the parameters. -1: all of them (FSDP); 1: none, each rank holds the whole model and
     gradients are all-reduced (DDP; fastest when the model fits, e.g. small models on CPU);
     k: HSDP (shard within groups of k, replicate across groups); auto (the default): 1 on a CPU
-    host whose memory holds every role's replicas easily, else -1 (config/auto_fsdp_size.py). ``forward_prefetch`` (sharded
-    layouts, CPU): gather each layer's parameters one layer ahead, in forward and in backward, so
-    the gathers overlap compute (see workers/engines/fsdp_layout.py); on GPU FSDP2 does this itself.
+    host whose memory holds every role's replicas easily, else -1 (config/auto_fsdp_size.py).
+    ``forward_prefetch`` (sharded layouts, CPU): gather each layer's parameters one layer ahead, in
+    forward and in backward, so the gathers overlap compute (see workers/engines/fsdp_layout.py); on
+    GPU FSDP2 does this itself.
     ``reshard_after_forward`` (sharded layouts): false keeps each layer's gathered parameters until
     the engine call ends (a training step: every micro-batch's forward and backward), so each layer
     is all-gathered once per call; costs a full copy of the parameters per rank meanwhile.

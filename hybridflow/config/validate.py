@@ -260,7 +260,8 @@ def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | 
     if size in (-1, "auto"):  # auto: resolved by load_config (config/auto_fsdp_size.py)
         return None
     if isinstance(size, str):
-        return f"{key}={size!r} is not a size: use auto, -1 (shard over all workers), 1 (replicate) or a divisor of {world}"
+        return (f"{key}={size!r} is not a size: use auto, -1 (shard over all workers), 1 (replicate) or a "
+                f"divisor of {world}")
     if strategy != "fsdp":
         return f"{key}={size} only applies to strategy=fsdp (it is {strategy}): leave it at -1"
     if size < 1 or world % size:
