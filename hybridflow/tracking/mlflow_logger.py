@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hybridflow.checkpoint_files import write_atomically
 from hybridflow.tracking.flatten import flatten_config
 
 # MLflow rejects metric/param names outside this set; "val/pass@1" becomes "val/pass_1".
@@ -110,10 +111,8 @@ class MlflowLogger:
         if run is None:
             self.run_id = self.client.create_run(self.experiment_id, run_name=self.run_name).info.run_id
             params, tags = self.params, {}
-            tmp = self.run_file + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:  # the id only: a URI can hold credentials
-                json.dump({"run_id": self.run_id}, f)
-            os.replace(tmp, self.run_file)  # a crash never leaves half a record
+            # the id only (a URI can hold credentials), atomically: a crash never leaves half a record
+            write_atomically(self.run_file, json.dumps({"run_id": self.run_id}))
         else:
             self.run_id, logged = run.info.run_id, run.data.params
             self.client.update_run(self.run_id, status="RUNNING")
