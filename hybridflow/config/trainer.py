@@ -44,6 +44,9 @@ class TrainerConfig:
     call_timeout_s: float = 600.0  # every remote call and collective
     placement: str = "colocate"  # colocate | separate
     separate_pool_gpus_per_node: int = 1
+    # placement=separate: the second pool's calls (reward model, reference, values, critic update)
+    # run while the actor's pool works; false runs one stage after the other (to time each alone)
+    overlap_separate_pools: bool = True
     cpus_per_worker: float = 1.0  # Ray CPU resources per worker process
     seed: int = 0
 

@@ -73,11 +73,13 @@ class RayWorkerGroup:
             worker_cls = ray_cls_with_init.cls
             self._actors = self._create_actors(resource_pool, ray_cls_with_init, env or {})
         self._worker_cls = worker_cls
+        self._specs: dict[str, dict] = {}
         for method, spec in registered_methods(worker_cls).items():
             if self._prefix:
                 if not method.startswith(self._prefix):
                     continue
                 method = method[len(self._prefix):]
+            self._specs[method] = spec
             setattr(self, method, functools.partial(self._call, method, spec))
 
     # ------------------------------------------------------------ creation
@@ -187,6 +189,14 @@ class RayWorkerGroup:
                 parts = list(refs)
             return DataProtoFuture(self, method, refs, collect, parts, ctx["pad"])
         return GroupFuture(self, method, refs, collect)
+
+    def submit(self, method: str, *args, **kwargs) -> GroupFuture:
+        """Start a group method without waiting: the call's future (``get()`` waits, bounded by the
+        group's timeout, and collects as the blocking call would). A group whose processes are not
+        another group's then works while the controller drives that other group (separate pools)."""
+        if method not in self._specs:
+            raise AttributeError(f"{self.name}: no group method {method!r} (registered: {sorted(self._specs)})")
+        return self._call(method, {**self._specs[method], "blocking": False}, *args, **kwargs)
 
     def _collect(self, mode: DispatchMode, ctx: dict, outputs: list):
         return mode.collect_fn(self, outputs, **ctx)

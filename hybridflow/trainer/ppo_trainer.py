@@ -26,7 +26,7 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
-from hybridflow.trainer.reward_process import RewardProcess, score_batch
+from hybridflow.trainer.reward_process import PendingModelScores, RewardProcess, model_scoring, score_batch
 from hybridflow.trainer.val_metrics import join_columns, validation_metrics
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
@@ -57,6 +57,12 @@ class PPOTrainer:
         self.critic = groups.get("critic")
         self.rm = groups.get("reward_model")
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
+        # placement=separate: the roles whose processes are not the actor's are started without
+        # waiting and collected when needed, so the two pools work at once (HybridFlow's point of
+        # separate placement); their timing_s/* then count only the wait the overlap did not hide
+        side = {"ref": self.ref, "critic": self.critic, "reward_model": self.rm}
+        self.overlapped = {role for role, group in side.items() if group is not None and group is not self.actor
+                           and cfg.trainer.overlap_separate_pools and set(group.pids).isdisjoint(self.actor.pids)}
         actor = cfg.actor_rollout_ref.actor
         # Strictly on-policy (one optimizer step per batch, weights just synced to the sampler):
         # the old log-probs equal the update's own forward pass, so that separate forward is
@@ -132,6 +138,11 @@ class PPOTrainer:
                 metrics.update(balance_metrics)
             dump = cfg.trainer.rollout_data_dir
             carried = take_carried(batch) if dump and pending is None else None  # kept off the workers
+            started = {}  # the other pool's forward passes, running while the actor's pool works
+            if self.use_ref and "ref" in self.overlapped:
+                started["ref"] = self.ref.submit("compute_ref_log_prob", batch)
+            if self.critic is not None and "critic" in self.overlapped:
+                started["values"] = self.critic.submit("compute_values", batch)
             if not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))
@@ -139,10 +150,10 @@ class PPOTrainer:
                     metrics.update(rollout_probs_diff(batch))
             if self.use_ref:
                 with timer("ref", metrics):
-                    batch.union(self.ref.compute_ref_log_prob(batch))
+                    batch.union(started["ref"].get() if "ref" in started else self.ref.compute_ref_log_prob(batch))
             if self.critic is not None:
                 with timer("values", metrics):
-                    batch.union(self.critic.compute_values(batch))
+                    batch.union(started["values"].get() if "values" in started else self.critic.compute_values(batch))
             if pending is not None:  # scored in the reward process meanwhile
                 with timer("reward", metrics):  # only what the overlap did not hide
                     self._apply_scores(batch, pending.result(), metrics, order)
@@ -150,12 +161,18 @@ class PPOTrainer:
 
             with timer("adv", metrics):
                 self.compute_advantages(batch, baselines, metrics)
-            if self.critic is not None:
+            critic_update = None
+            if self.critic is not None and "critic" in self.overlapped:  # trains while the actor does
+                critic_update = self.critic.submit("update_critic", batch)
+            elif self.critic is not None:
                 with timer("update_critic", metrics):
                     metrics.update(_mean_dicts(self.critic.update_critic(batch)))
             if self.global_step > cfg.trainer.critic_warmup:  # first let the critic learn the returns
                 with timer("update_actor", metrics):
                     metrics.update(_mean_dicts(self.actor.update_actor(batch)))
+            if critic_update is not None:
+                with timer("update_critic", metrics):
+                    metrics.update(_mean_dicts(critic_update.get()))
         metrics.update(data_metrics(batch, use_critic=self.critic is not None))
         metrics.update(throughput_metrics(batch, metrics, self.actor.world_size))
         if carried is not None:
@@ -168,8 +185,8 @@ class PPOTrainer:
     def _rollout(self, batch: DataProto, metrics: dict):
         """Generate ``rollout.n`` responses per prompt and score them: (the batch, one row per
         response; ReMax's baselines or None; dynamic sampling's per-row metric values or None;
-        None, or the pending result of ``score_batch`` when the reward process computes it, in
-        which case the batch has no ``token_level_scores`` yet)."""
+        None, or the pending scores when the reward process or, on a separate pool, the reward
+        model computes them, in which case the batch has no ``token_level_scores`` yet)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -191,10 +208,12 @@ class PPOTrainer:
         batch.union(gen_out)
         if self.reward_process is not None:  # a snapshot: the step goes on changing the batch's columns
             return batch, baselines, None, self.reward_process.submit(batch.select(["responses", "response_mask"]))
+        fg = self.cfg.algorithm.filter_groups
+        if "reward_model" in self.overlapped and not fg.enable:  # scored on the other pool meanwhile
+            return batch, baselines, None, PendingModelScores(self.rm.submit("compute_rm_score", batch))
         with timer("reward", metrics):
             scoring = self.score(batch)
             self._apply_scores(batch, scoring, metrics)
-        fg = self.cfg.algorithm.filter_groups
         return batch, baselines, metric_values(fg.metric, scoring[1], scoring[3]) if fg.enable else None, None
 
     def _apply_scores(self, batch: DataProto, scoring: tuple, metrics: dict, order=None) -> None:
@@ -238,9 +257,7 @@ class PPOTrainer:
         """(token_level_scores [B,R], per-sample scores, metrics, the reward function's extra fields
         per sample, the decoded responses or None) from the RM or the reward function."""
         if self.rm is not None:
-            rm = self.rm.compute_rm_score(batch).batch["rm_scores"]
-            scores = rm.sum(-1).tolist()
-            return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}, {}, None
+            return model_scoring(self.rm.compute_rm_score(batch))
         return score_batch(self.tokenizer, self.reward_manager, batch)
 
     def close(self) -> None:

@@ -9,8 +9,13 @@ Ray would otherwise start a fresh worker process, importing torch, whenever the 
 reaped as idle. Unlike a driver thread, the function runs on its process's main thread, so
 scorers that time out with ``signal.alarm`` (math_verify and others do) work as they do inline,
 and a CPU-bound scorer does not hold the driver's GIL.
+
+A reward model on a pool of its own (``trainer.placement=separate``) is pending in the same way:
+:class:`PendingModelScores` holds its group call's future.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.loader import RewardFunctionError
@@ -27,6 +32,24 @@ def score_batch(tokenizer, reward_manager, batch: DataProto) -> tuple:
     result = reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]), list(nt["ground_truth"]),
                             list(nt.get("extra_info", [None] * len(texts))))
     return result.token_level_scores, result.scores, result.metrics, result.extra, texts
+
+
+def model_scoring(out: DataProto):
+    """The reward model's output as ``score``'s tuple: its score sits on each response's last token."""
+    rm = out.batch["rm_scores"]
+    scores = rm.sum(-1).tolist()
+    return rm, scores, {"critic/rm_score/mean": float(np.mean(scores))}, {}, None
+
+
+class PendingModelScores:
+    """The reward model's scores still being computed on its own pool; ``result()`` as the reward
+    process's pending result gives them."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def result(self):
+        return model_scoring(self.future.get())
 
 
 class RewardScorer:

@@ -252,17 +252,34 @@ def test_remax(recipe_assets, tmp_path):
 @pytest.mark.slow
 def test_separate_placement_ref_critic_reward_model(recipe_assets, tmp_path):
     """Actor+rollout on the main pool (2 slots); reference, critic and reward model share a
-    second pool (1 slot). 3 workers x 0.5 CPU fit this 2-core machine."""
-    out = str(tmp_path / "run")
-    result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
-        "trainer.placement=separate", "trainer.separate_pool_gpus_per_node=1", "trainer.cpus_per_worker=0.5",
-        "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "reward_model.enable=True", f"reward_model.model.path={recipe_assets.reward_model}"])
-    check_run(result, out, recipe_assets.model,
-              extra_metrics=("critic/vf_loss", "actor/kl_loss", "timing_s/ref", "critic/rm_score/mean"))
-    assert "Colocated_ref_critic_reward_model" in result.stderr  # the side pool's actor class ran
+    second pool (1 slot). 3 workers x 0.5 CPU fit this 2-core machine. The second pool works while
+    the actor's does (reward model, reference and values during the old log-probs; the critic's
+    update during the actor's); one stage after the other must give the same run."""
+    runs = {}
+    for overlap in ("true", "false"):
+        out = str(tmp_path / f"overlap-{overlap}")
+        result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
+            "trainer.placement=separate", "trainer.separate_pool_gpus_per_node=1", "trainer.cpus_per_worker=0.5",
+            f"trainer.overlap_separate_pools={overlap}",
+            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "reward_model.enable=True", f"reward_model.model.path={recipe_assets.reward_model}"])
+        runs[overlap] = check_run(result, out, recipe_assets.model,
+                                  extra_metrics=("critic/vf_loss", "actor/kl_loss", "timing_s/ref",
+                                                 "critic/rm_score/mean", "timing_s/update_critic"))
+        assert "Colocated_ref_critic_reward_model" in result.stderr  # the side pool's actor class ran
+    def untimed(metrics):
+        return {step: {k: v for k, v in row.items() if not (k.startswith(("timing_s/", "perf/")) or k.endswith("_s"))}
+                for step, row in metrics.items()}
+
+    assert untimed(runs["true"]) == untimed(runs["false"])
+    import torch
+    from safetensors.torch import load_file
+
+    weights = [load_file(os.path.join(tmp_path, f"overlap-{o}", "hf", "model.safetensors")) for o in ("true", "false")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
 
 
 def test_custom_chat_template_templates_every_prompt(recipe_assets, tmp_path):

@@ -215,6 +215,22 @@ def test_non_blocking_chain_without_driver_fetch(ray_cluster):
         g.shutdown()
 
 
+def test_submit_runs_a_group_while_the_controller_drives_another(ray_cluster):
+    """Separate pools work at once: a submitted call runs while another group's blocking call
+    does, and its future collects what the blocking call would."""
+    main, side = make_group(EchoWorker, 1, name="main"), make_group(EchoWorker, 2, 10.0, name="side")
+    assert side.submit("double", rows(5)).get().batch["y"].squeeze(1).tolist() == side.double(rows(5)).batch[
+        "y"].squeeze(1).tolist() == [0, 20, 40, 60, 80]
+    t0 = time.monotonic()
+    pending = side.submit("sleep", 2.0)
+    assert main.sleep(2.0) == [0] and pending.get() == [0, 1]
+    assert time.monotonic() - t0 < 3.5  # one after the other: 4 s
+    with pytest.raises(AttributeError, match=r"side: no group method 'nap'"):
+        side.submit("nap", 1)
+    for g in (main, side):
+        g.shutdown()
+
+
 def test_custom_dispatch_pair(ray_cluster):
     g = make_group(CustomWorker, name="custom")
     assert g.count() == 2 * 1 + 2 * 2
