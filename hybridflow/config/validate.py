@@ -398,8 +398,15 @@ def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
         parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
         if aux:
             parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={aux}"
+        fix = "lower trainer.n_gpus_per_node or add devices"
+        from hybridflow.device import uses_gpu
+
+        if not uses_gpu(t.device):  # a CPU slot is trainer.cpus_per_worker cores
+            share = int(100 * available_slots * t.cpus_per_worker / (d_world + aux)) / 100
+            if share > 0:
+                fix += f", or share the cores: trainer.cpus_per_worker={share:g}"
         errors.append(f"the run needs {d_world + aux} workers ({parts}) but only {available_slots} "
-                      "slots are available: lower trainer.n_gpus_per_node or add devices")
+                      f"slots are available: {fix}")
     if t.device == "cuda":
         from hybridflow.device import device_count
 

@@ -339,6 +339,8 @@ def test_more_workers_than_slots(run_dir):
     assert "the run needs 4 workers (trainer.nnodes*trainer.n_gpus_per_node=1*4)" in error_of(cfg, available_slots=2)
     cfg = grpo(trainer__placement="separate", trainer__separate_pool_gpus_per_node=1)
     assert "+ trainer.nnodes*trainer.separate_pool_gpus_per_node=1" in error_of(cfg, available_slots=2)
+    if device_count() == 0:  # on CPU the message also says how to share the cores (2 slots x 1.0 CPU / 3)
+        assert error_of(cfg, available_slots=2).endswith("or share the cores: trainer.cpus_per_worker=0.66")
 
 
 @pytest.mark.skipif(device_count() > 0, reason="needs a machine without a visible GPU")
