@@ -128,6 +128,9 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0),
         _row("ray_init.num_cpus", cfg.ray_init.num_cpus, OPTIONAL_POSITIVE),
     ]
+    if cfg.reward_model.enable_resource_pool:  # the reward model's own pool: nnodes x n_gpus_per_node slots
+        rows += [_row("reward_model.n_gpus_per_node", cfg.reward_model.n_gpus_per_node, POSITIVE),
+                 _row("reward_model.nnodes", cfg.reward_model.nnodes, POSITIVE)]
     if alg.kl_ctrl.type == "adaptive":  # Ziegler et al. (2019) eq. 2 divides by both
         rows += [_row("algorithm.kl_ctrl.target_kl", alg.kl_ctrl.target_kl, GREATER_THAN_0),
                  _row("algorithm.kl_ctrl.horizon", alg.kl_ctrl.horizon, POSITIVE)]

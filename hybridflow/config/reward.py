@@ -40,6 +40,11 @@ class RewardModelConfig:
     # score with custom_reward_function in a Ray process of its own while the workers compute
     # log-probs and values (not with a reward model, or with algorithm.filter_groups: scored at once)
     launch_reward_fn_async: bool = False
+    # verl's keys for a pool of the reward model's own (nnodes x n_gpus_per_node slots), whatever
+    # trainer.placement does with the other roles; it scores while the actor's pool works
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 0
+    nnodes: int = 0
 
 
 @dataclass

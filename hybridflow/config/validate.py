@@ -391,13 +391,20 @@ def path_errors(cfg: RootConfig) -> list[str]:
 
 
 def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
-    t, errors = cfg.trainer, []
+    t, rm, errors = cfg.trainer, cfg.reward_model, []
     d_world = t.nnodes * t.n_gpus_per_node
     aux = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
+    if rm.enable_resource_pool and not rm.enable:
+        errors.append("reward_model.enable_resource_pool=true reserves a pool for a reward model, but "
+                      "reward_model.enable=false: set reward_model.enable=true, or enable_resource_pool=false")
+    rm_pool = rm.nnodes * rm.n_gpus_per_node if rm.enable and rm.enable_resource_pool else 0
+    aux += rm_pool
     if available_slots is not None and d_world + aux > available_slots:
         parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
-        if aux:
-            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={aux}"
+        if aux - rm_pool:
+            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={aux - rm_pool}"
+        if rm_pool:
+            parts += f" + reward_model.nnodes*reward_model.n_gpus_per_node={rm_pool}"
         fix = "lower trainer.n_gpus_per_node or add devices"
         from hybridflow.device import uses_gpu
 
@@ -414,7 +421,7 @@ def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
         if gpus == 0:
             errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
         elif t.nnodes == 1 and cfg.ray_init.address is None and d_world + aux > gpus:
-            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} (+ separate pool {aux}) "
+            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} (+ separate pools {aux}) "
                           f"exceeds the {gpus} GPUs visible on this node: lower it")
     return errors
 

@@ -166,7 +166,9 @@ def convert_global_micro_batch_sizes(cfg: RootConfig) -> list[str]:
     from hybridflow.config.derived import derive
 
     d, arr, errors = derive(cfg), cfg.actor_rollout_ref, []
-    reward_dp = d.aux_world if cfg.trainer.placement == "separate" else d.actor_world
+    rm = cfg.reward_model
+    reward_dp = (rm.nnodes * rm.n_gpus_per_node if rm.enable_resource_pool
+                 else d.aux_world if cfg.trainer.placement == "separate" else d.actor_world)
     rows = [(arr.actor, f"{ARR}.actor", "ppo_micro_batch_size", d.actor_dp),
             (arr.rollout, f"{ARR}.rollout", "log_prob_micro_batch_size", d.actor_dp),
             (arr.ref, f"{ARR}.ref", "log_prob_micro_batch_size", d.actor_dp),

@@ -4,6 +4,8 @@
 sharing the device; the roles are addressed through per-role views of one worker group.
 ``separate``: actor+rollout keep the main pool; ref, critic and reward model share a second pool
 of ``trainer.separate_pool_gpus_per_node`` slots per node, so they can run while the actor works.
+``reward_model.enable_resource_pool`` (verl's keys) gives the reward model a pool of its own,
+``reward_model.nnodes x reward_model.n_gpus_per_node`` slots, under either placement.
 The recipe supplies the worker classes (the core never imports ``workers``).
 """
 from __future__ import annotations
@@ -15,22 +17,24 @@ from hybridflow.controller import (RayClassWithInitArgs, RayWorkerGroup, Resourc
 def build_worker_groups(cfg, main_roles: dict[str, RayClassWithInitArgs],
                         side_roles: dict[str, RayClassWithInitArgs], use_gpu: bool) -> tuple[dict, list]:
     """Create and return ({role: WorkerGroup view}, [pools]). ``main_roles`` go on the main pool;
-    ``side_roles`` go on it too when colocated, on their own pool when separate."""
-    t = cfg.trainer
-    pools = [ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker,
-                          name_prefix="main")]
-    plan = [(pools[0], dict(main_roles))]
-    if side_roles:
-        if t.placement == "separate":
-            side = ResourcePool([t.separate_pool_gpus_per_node] * t.nnodes, use_gpu=use_gpu,
-                                cpus_per_slot=t.cpus_per_worker, name_prefix="side")
-            pools.append(side)
-            plan.append((side, dict(side_roles)))
-        else:
-            plan[0][1].update(side_roles)
-    groups = {}
-    for pool, roles in plan:
-        group = RayWorkerGroup(pool, create_colocated_worker_cls(roles), name_prefix=pool.name_prefix,
-                               timeout_s=t.call_timeout_s)
+    ``side_roles`` go on it too when colocated, on their own pool when separate; the reward model
+    on a third pool when it asks for one."""
+    t, rm = cfg.trainer, cfg.reward_model
+    side_roles = dict(side_roles)
+    plan = [("main", [t.n_gpus_per_node] * t.nnodes, dict(main_roles))]
+    own = {}  # the reward model's own pool
+    if rm.enable_resource_pool and "reward_model" in side_roles:
+        own["reward_model"] = side_roles.pop("reward_model")
+    if side_roles and t.placement == "separate":
+        plan.append(("side", [t.separate_pool_gpus_per_node] * t.nnodes, side_roles))
+    elif side_roles:
+        plan[0][2].update(side_roles)
+    if own:
+        plan.append(("reward", [rm.n_gpus_per_node] * rm.nnodes, own))
+    groups, pools = {}, []
+    for name, slots, roles in plan:
+        pool = ResourcePool(slots, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker, name_prefix=name)
+        pools.append(pool)
+        group = RayWorkerGroup(pool, create_colocated_worker_cls(roles), name_prefix=name, timeout_s=t.call_timeout_s)
         groups.update(group.spawn(list(roles)))
     return groups, pools

@@ -251,14 +251,16 @@ def test_remax(recipe_assets, tmp_path):
 
 @pytest.mark.slow
 def test_separate_placement_ref_critic_reward_model(recipe_assets, tmp_path):
-    """Actor+rollout on the main pool (2 slots); reference, critic and reward model share a
-    second pool (1 slot). 3 workers x 0.5 CPU fit this 2-core machine. The second pool works while
-    the actor's does (reward model, reference and values during the old log-probs; the critic's
-    update during the actor's); one stage after the other must give the same run."""
+    """Actor+rollout on the main pool (2 slots); reference and critic on a second pool (1 slot);
+    the reward model on that pool too, or (verl's reward_model.enable_resource_pool) on a third of
+    its own. Up to 4 workers x 0.5 CPU fit this 2-core machine. The other pools work while the
+    actor's does (reward model, reference and values during the old log-probs; the critic's update
+    during the actor's); one stage after the other, on two pools, must give the same run."""
     runs = {}
-    for overlap in ("true", "false"):
+    for overlap, reward_pool in (("true", ["reward_model.enable_resource_pool=true", "reward_model.nnodes=1",
+                                           "reward_model.n_gpus_per_node=1"]), ("false", [])):
         out = str(tmp_path / f"overlap-{overlap}")
-        result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
+        result = run_main_ppo("ppo", recipe_assets.overrides(out) + reward_pool + [
             "trainer.placement=separate", "trainer.separate_pool_gpus_per_node=1", "trainer.cpus_per_worker=0.5",
             f"trainer.overlap_separate_pools={overlap}",
             "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -268,7 +270,10 @@ def test_separate_placement_ref_critic_reward_model(recipe_assets, tmp_path):
         runs[overlap] = check_run(result, out, recipe_assets.model,
                                   extra_metrics=("critic/vf_loss", "actor/kl_loss", "timing_s/ref",
                                                  "critic/rm_score/mean", "timing_s/update_critic"))
-        assert "Colocated_ref_critic_reward_model" in result.stderr  # the side pool's actor class ran
+        # the pools' actor classes ran
+        side = ["Colocated_ref_critic", "Colocated_reward_model"] if reward_pool else ["Colocated_ref_critic_reward_model"]
+        assert all(name + " pid=" in result.stderr for name in side), side
+
     def untimed(metrics):
         return {step: {k: v for k, v in row.items() if not (k.startswith(("timing_s/", "perf/")) or k.endswith("_s"))}
                 for step, row in metrics.items()}

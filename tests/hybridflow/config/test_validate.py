@@ -343,6 +343,19 @@ def test_more_workers_than_slots(run_dir):
         assert error_of(cfg, available_slots=2).endswith("or share the cores: trainer.cpus_per_worker=0.66")
 
 
+def test_the_reward_models_own_pool_is_checked_and_counted(run_dir):
+    """verl's reward_model.enable_resource_pool: nnodes x n_gpus_per_node more slots."""
+    rm = dict(reward_model__enable=True, reward_model__enable_resource_pool=True,
+              reward_model__model__path="data/models/tiny-qwen2-sft")
+    assert "reward_model.n_gpus_per_node=0 must be" in error_of(grpo(**rm), check_paths=False)
+    cfg = grpo(**rm, reward_model__n_gpus_per_node=1, reward_model__nnodes=1)
+    msg = error_of(cfg, available_slots=2, check_paths=False)
+    assert "the run needs 3 workers" in msg and "+ reward_model.nnodes*reward_model.n_gpus_per_node=1" in msg
+    validate(cfg, available_slots=3, check_paths=False)
+    cfg = grpo(reward_model__enable_resource_pool=True, reward_model__n_gpus_per_node=1, reward_model__nnodes=1)
+    assert "reward_model.enable=false: set reward_model.enable=true" in error_of(cfg, check_paths=False)
+
+
 @pytest.mark.skipif(device_count() > 0, reason="needs a machine without a visible GPU")
 def test_cuda_requested_without_gpu(run_dir):
     assert "trainer.device=cuda but no GPU is visible" in error_of(grpo(trainer__device="cuda"))
