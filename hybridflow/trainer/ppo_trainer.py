@@ -285,8 +285,21 @@ class PPOTrainer:
         ``val_kwargs.n > 1`` mean@N, best@N, ... (trainer/val_metrics.py)."""
         vk, t = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer
         keep = t.log_val_generations
-        scores, sources, extras, errors = [], [], [], 0.0
+        scores, sources, extras, errors = [], [], [], []
         samples = []  # text rows for log_val_generations / validation_data_dir
+
+        def take(out, scoring):  # one generated batch and its scores into the lists above
+            _, batch_scores, batch_metrics, extra, texts = scoring
+            errors.append(batch_metrics.get("reward/errors", 0.0))
+            wanted = len(out) if t.validation_data_dir else keep - len(samples)
+            if wanted > 0:
+                samples.extend(generation_rows(out, batch_scores, self.tokenizer, texts,
+                                               extras_per_row(extra, len(out)), limit=wanted))
+            scores.extend(batch_scores)
+            sources.extend(out.non_tensor_batch["data_source"])
+            extras.append((len(out), extra))
+
+        pending = None  # the previous batch, scored on the reward model's own pool while this one generates
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
@@ -294,24 +307,23 @@ class PPOTrainer:
                                     top_p=vk.top_p, top_k=vk.top_k)
             out = self.actor.generate_sequences(gen_in)
             out.meta_info.pop("metrics", None)
-            rep = batch.repeat(vk.n, interleave=True)
-            out.non_tensor_batch.update(rep.non_tensor_batch)
-            _, batch_scores, batch_metrics, extra, texts = self.score(out)
-            errors += batch_metrics.get("reward/errors", 0.0)
-            wanted = len(out) if t.validation_data_dir else keep - len(samples)
-            if wanted > 0:
-                samples += generation_rows(out, batch_scores, self.tokenizer, texts, extras_per_row(extra, len(out)),
-                                           limit=wanted)
-            scores += batch_scores
-            sources += list(rep.non_tensor_batch["data_source"])
-            extras.append((len(out), extra))
+            out.non_tensor_batch.update(batch.repeat(vk.n, interleave=True).non_tensor_batch)
+            if pending is not None:
+                take(pending[0], pending[1].result())
+                pending = None
+            if "reward_model" in self.overlapped:
+                pending = (out, PendingModelScores(self.rm.submit("compute_rm_score", out)))
+            else:
+                take(out, self.score(out))
+        if pending is not None:
+            take(pending[0], pending[1].result())
         if keep:
             write_val_generations(t.default_local_dir, self.global_step, samples[:keep])
         if t.validation_data_dir:
             dump_generations(t.validation_data_dir, self.global_step, samples)
         result = validation_metrics(scores, sources, vk.n, join_columns(extras))
         if self.rm is None:  # samples the reward function raised on (scored 0), as reward/errors in training
-            result["val/reward_errors"] = errors
+            result["val/reward_errors"] = sum(errors)
         return result
 
     # ------------------------------------------------------------------ checkpoints
