@@ -49,6 +49,13 @@ def say_once(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def reward_pool_world(cfg: RootConfig) -> int:
+    """Workers of the reward model's own pool (verl's ``reward_model.enable_resource_pool``); 0 when
+    it shares a pool with other roles."""
+    rm = cfg.reward_model
+    return rm.nnodes * rm.n_gpus_per_node if rm.enable and rm.enable_resource_pool else 0
+
+
 def needs_critic(cfg: RootConfig) -> bool:
     """``critic.enable`` if set, else whether the estimator uses values (gae)."""
     if cfg.critic.enable is not None:

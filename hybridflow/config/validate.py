@@ -15,7 +15,7 @@ from typing import Any
 from hybridflow.config.derived import (
     LR_SCHEDULERS, PARAM_DTYPES, ROLLOUT_DTYPES, ROLLOUT_NAMES, STRATEGIES, derive,
     estimator_needs_critic, log_prob_token_budget, model_parallel, needs_critic, needs_reference,
-    reward_fn_runs_async,
+    reward_fn_runs_async, reward_pool_world,
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import RESUME_MODES
@@ -391,18 +391,18 @@ def path_errors(cfg: RootConfig) -> list[str]:
 
 
 def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
-    t, rm, errors = cfg.trainer, cfg.reward_model, []
+    t, errors = cfg.trainer, []
     d_world = t.nnodes * t.n_gpus_per_node
-    aux = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
-    if rm.enable_resource_pool and not rm.enable:
+    side = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
+    if cfg.reward_model.enable_resource_pool and not cfg.reward_model.enable:
         errors.append("reward_model.enable_resource_pool=true reserves a pool for a reward model, but "
                       "reward_model.enable=false: set reward_model.enable=true, or enable_resource_pool=false")
-    rm_pool = rm.nnodes * rm.n_gpus_per_node if rm.enable and rm.enable_resource_pool else 0
-    aux += rm_pool
+    rm_pool = reward_pool_world(cfg)
+    aux = side + rm_pool  # the workers beyond the actor's pool
     if available_slots is not None and d_world + aux > available_slots:
         parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
-        if aux - rm_pool:
-            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={aux - rm_pool}"
+        if side:
+            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={side}"
         if rm_pool:
             parts += f" + reward_model.nnodes*reward_model.n_gpus_per_node={rm_pool}"
         fix = "lower trainer.n_gpus_per_node or add devices"

@@ -163,12 +163,10 @@ def convert_global_micro_batch_sizes(cfg: RootConfig) -> list[str]:
     ranks; verl's workers divide them by that size and use the result as the ``*_per_gpu`` key.
     Done here, in place, so the rest of the config reads one key. A converted key is cleared, so
     validating again changes nothing. Assumes the parallel sizes were checked."""
-    from hybridflow.config.derived import derive
+    from hybridflow.config.derived import derive, reward_pool_world
 
     d, arr, errors = derive(cfg), cfg.actor_rollout_ref, []
-    rm = cfg.reward_model
-    reward_dp = (rm.nnodes * rm.n_gpus_per_node if rm.enable_resource_pool
-                 else d.aux_world if cfg.trainer.placement == "separate" else d.actor_world)
+    reward_dp = reward_pool_world(cfg) or (d.aux_world if cfg.trainer.placement == "separate" else d.actor_world)
     rows = [(arr.actor, f"{ARR}.actor", "ppo_micro_batch_size", d.actor_dp),
             (arr.rollout, f"{ARR}.rollout", "log_prob_micro_batch_size", d.actor_dp),
             (arr.ref, f"{ARR}.ref", "log_prob_micro_batch_size", d.actor_dp),

@@ -299,7 +299,7 @@ class PPOTrainer:
             sources.extend(out.non_tensor_batch["data_source"])
             extras.append((len(out), extra))
 
-        pending = None  # the previous batch, scored on the reward model's own pool while this one generates
+        pending = None  # the previous batch, scored on the reward model's pool while this one generates
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])

@@ -10,8 +10,9 @@ reaped as idle. Unlike a driver thread, the function runs on its process's main 
 scorers that time out with ``signal.alarm`` (math_verify and others do) work as they do inline,
 and a CPU-bound scorer does not hold the driver's GIL.
 
-A reward model on a pool of its own (``trainer.placement=separate``) is pending in the same way:
-:class:`PendingModelScores` holds its group call's future.
+A reward model off the actor's pool (``trainer.placement=separate`` or
+``reward_model.enable_resource_pool``) is pending in the same way: :class:`PendingModelScores`
+holds its group call's future.
 """
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def model_scoring(out: DataProto):
 
 
 class PendingModelScores:
-    """The reward model's scores still being computed on its own pool; ``result()`` as the reward
-    process's pending result gives them."""
+    """The reward model's scores still being computed on its pool; ``result()`` gives them as the
+    reward process's pending result does."""
 
     def __init__(self, future):
         self.future = future

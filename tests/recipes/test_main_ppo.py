@@ -271,8 +271,9 @@ def test_separate_placement_ref_critic_reward_model(recipe_assets, tmp_path):
                                   extra_metrics=("critic/vf_loss", "actor/kl_loss", "timing_s/ref",
                                                  "critic/rm_score/mean", "timing_s/update_critic"))
         # the pools' actor classes ran
-        side = ["Colocated_ref_critic", "Colocated_reward_model"] if reward_pool else ["Colocated_ref_critic_reward_model"]
-        assert all(name + " pid=" in result.stderr for name in side), side
+        pools = ["Colocated_ref_critic", "Colocated_reward_model"] if reward_pool else [
+            "Colocated_ref_critic_reward_model"]
+        assert all(name + " pid=" in result.stderr for name in pools), pools
 
     def untimed(metrics):
         return {step: {k: v for k, v in row.items() if not (k.startswith(("timing_s/", "perf/")) or k.endswith("_s"))}
