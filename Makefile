@@ -25,7 +25,7 @@ test: install
 	$(BIN)/python -m pytest -q --durations=15 tests
 
 bench: install
-	@for f in scripts/bench/*.py; do echo "== $$f"; $(BIN)/python $$f; done
+	@for f in scripts/bench/[!_]*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
 clean:
 	rm -rf $(VENV)
