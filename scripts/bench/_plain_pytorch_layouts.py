@@ -1,4 +1,5 @@
-"""Each engine layout written by hand in plain PyTorch: the equal-work baselines of ``engines.py``.
+"""The plain-PyTorch training loops of ``engines.py``: the single-process textbook loop, and each
+engine layout written by hand, its equal-work baseline.
 
 An engine's *framework overhead* is what it costs beyond the parallel layout it runs. Comparing
 Megatron tp=2 with two communication-free processes charges the engine for tensor parallelism's
@@ -30,7 +31,7 @@ def _compute(device, bf16: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def _load(ckpt: str, device):
+def load_hf(ckpt: str, device):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device)
@@ -44,17 +45,21 @@ def _nll(logits, responses, mask):
     return -(logp * mask).sum() / mask.sum()
 
 
-def _data_parallel_step(model, wrapped, batch, lr, compute):
-    """fsdp2 / ddp: each rank a half of the rows; both reduce gradients as a mean over ranks, which
-    equals the global token mean here (every row has the same number of response tokens)."""
+def textbook_step(model, forward, batch, lr, compute):
+    """Forward (through ``forward``: the model or its DDP / FSDP2 wrapping) -> response-token NLL ->
+    backward -> clip -> AdamW, on one process's rows. Under fsdp2 / ddp each rank holds a half of
+    the rows and gradients are averaged over ranks, which equals the global token mean here (every
+    row has the same number of response tokens)."""
+    # same optimizer settings as workers/engines/optim.py (fused AdamW)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
     resp_len = batch["responses"].shape[1]
     mask = batch["response_mask"].float()
 
     def step():
         opt.zero_grad(set_to_none=True)
+        # logits only where they predict a response token (the engines do the same)
         with compute:
-            logits = wrapped(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            logits = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                              position_ids=batch["position_ids"], logits_to_keep=resp_len + 1).logits[:, :resp_len]
         _nll(logits, batch["responses"], mask).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -64,24 +69,31 @@ def _data_parallel_step(model, wrapped, batch, lr, compute):
     return step
 
 
+def single_process_step_fn(ckpt, batch, device, lr, bf16=False):
+    """The reference loop: the HF model alone. bf16: fp32 weights under autocast, the usual
+    plain-PyTorch mixed precision (the engines keep fp32 masters too)."""
+    model = load_hf(ckpt, device)
+    return textbook_step(model, model, batch, lr, _compute(device, bf16))
+
+
 def fsdp2_step_fn(ckpt, batch, device, lr, bf16=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    model = _load(ckpt, device)
+    model = load_hf(ckpt, device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
           else MixedPrecisionPolicy())
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    return _data_parallel_step(model, model, batch, lr, contextlib.nullcontext())
+    return textbook_step(model, model, batch, lr, contextlib.nullcontext())  # FSDP2 casts
 
 
 def ddp_step_fn(ckpt, batch, device, lr, bf16=False):
-    model = _load(ckpt, device)
-    return _data_parallel_step(model, torch.nn.parallel.DistributedDataParallel(model), batch, lr,
-                               _compute(device, bf16))
+    model = load_hf(ckpt, device)
+    return textbook_step(model, torch.nn.parallel.DistributedDataParallel(model), batch, lr,
+                         _compute(device, bf16))
 
 
 def tp_step_fn(ckpt, batch, device, lr, bf16=False):
@@ -90,7 +102,7 @@ def tp_step_fn(ckpt, batch, device, lr, bf16=False):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model = _load(ckpt, device)
+    model = load_hf(ckpt, device)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
@@ -114,16 +126,25 @@ def tp_step_fn(ckpt, batch, device, lr, bf16=False):
                            position_ids=batch["position_ids"], logits_to_keep=resp_len + 1).logits[:, :resp_len]
         _nll(logits, batch["responses"], mask).backward()
         # the global norm: sharded gradients' squares summed over ranks, replicated ones counted once
-        sq = torch.stack([p.grad.to_local().float().pow(2).sum() for p in sharded]).sum()
+        sq = _squares([p.grad.to_local() for p in sharded])
         dist.all_reduce(sq)
-        sq = sq + torch.stack([p.grad.float().pow(2).sum() for p in replicated]).sum()
-        coef = torch.clamp(1.0 / (sq.sqrt() + 1e-6), max=1.0)
-        for p in params:
-            p.grad.mul_(coef)
+        _clip_to_one_(params, sq + _squares([p.grad for p in replicated]))
         for o in opts:
             o.step()
     step.model, step.params = model, params
     return step
+
+
+def _squares(grads) -> torch.Tensor:
+    return torch.stack([g.float().pow(2).sum() for g in grads]).sum()
+
+
+def _clip_to_one_(params, square_sum: torch.Tensor) -> None:
+    """``clip_grad_norm_(params, 1.0)`` given the global sum of squares, which these layouts
+    assemble themselves: torch's own reads only this rank's (local or DTensor) gradients."""
+    coef = torch.clamp(1.0 / (square_sum.sqrt() + 1e-6), max=1.0)
+    for p in params:
+        p.grad.mul_(coef)
 
 
 class _FirstStage(torch.nn.Module):
@@ -159,7 +180,7 @@ def pp_step_fn(ckpt, batch, device, lr, micro_batches: int, bf16=False):
     """Two stages over the world group; the whole batch split into ``micro_batches`` for 1F1B."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    model = _load(ckpt, device)
+    model = load_hf(ckpt, device)
     rank, world = dist.get_rank(), dist.get_world_size()
     layers = list(model.model.layers)
     cut = len(layers) // world
@@ -181,11 +202,9 @@ def pp_step_fn(ckpt, batch, device, lr, micro_batches: int, bf16=False):
                 schedule.step(batch["input_ids"])
             else:
                 schedule.step(target=batch["responses"])
-        sq = torch.stack([p.grad.float().pow(2).sum() for p in params]).sum()
+        sq = _squares([p.grad for p in params])
         dist.all_reduce(sq)  # each stage holds different parameters: the norm sums over both
-        coef = torch.clamp(1.0 / (sq.sqrt() + 1e-6), max=1.0)
-        for p in params:
-            p.grad.mul_(coef)
+        _clip_to_one_(params, sq)
         opt.step()
     step.model, step.params = model, params  # this rank's stage trains only its part of the model
     return step

@@ -103,33 +103,15 @@ def engine_config(args, strategy: str, tp: int, pp: int, micro_rows: int):
 
 def plain_step_fn(args, data, device):
     """The single-process reference loop: HF model, one forward over the whole (share of the) batch."""
-    from transformers import AutoModelForCausalLM
+    import _plain_pytorch_layouts as layouts
 
-    model = AutoModelForCausalLM.from_pretrained(args.ckpt, dtype=torch.float32).to(device)
-    model.config.use_cache = False
-    model.train()
-    # same optimizer settings as workers/engines/optim.py (fused AdamW)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
-    b = data.to(device).batch
-    resp_len = b["responses"].shape[1]
-    mask = b["response_mask"].float()
+    return layouts.single_process_step_fn(args.ckpt, data.to(device).batch, device, args.lr, args.dtype == "bf16")
 
-    # bf16: fp32 weights under autocast, the usual plain-PyTorch mixed precision (the engines keep
-    # fp32 masters too; sharded FSDP2 computes from bf16 copies of them)
-    compute = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        # logits only where they predict a response token (the engines do the same)
-        with compute:
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                           position_ids=b["position_ids"], logits_to_keep=resp_len + 1).logits[:, :resp_len]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
-        loss = -(logp * mask).sum() / mask.sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    return step
+def rows_of(data, rank: int, ranks: int):
+    """Rank ``rank``'s equal share of the batch's rows."""
+    share = len(data) // ranks
+    return data[rank * share:(rank + 1) * share]
 
 
 def nll_loss_fn(outputs, micro):
@@ -178,24 +160,23 @@ def engine_step_fn(args, kind: str, data):
         engine = MegatronEngine(engine_config(args, "megatron", 1, 2, micro), args.ckpt, "actor")
     else:
         raise ValueError(f"unknown engine {kind!r}")
-    share = len(data) // engine.dp_size
-    mine = data[engine.dp_rank * share:(engine.dp_rank + 1) * share]
+    mine = rows_of(data, engine.dp_rank, engine.dp_size)
     return lambda: engine.train_batch(mine, nll_loss_fn)
 
 
 def layout_step_fn(args, layout: str, data, rank: int, device):
     """The engine's layout in plain PyTorch; data-parallel layouts take their half of the rows."""
-    import _plain_pytorch_layouts as baselines
+    import _plain_pytorch_layouts as layouts
 
     bf16 = args.dtype == "bf16"
-    if layout in ("fsdp2", "ddp"):
-        half = args.rows // 2
-        batch = data[rank * half:(rank + 1) * half].to(device).batch
-        return getattr(baselines, f"{layout}_step_fn")(args.ckpt, batch, device, args.lr, bf16)
+    if layout == "fsdp2":
+        return layouts.fsdp2_step_fn(args.ckpt, rows_of(data, rank, 2).to(device).batch, device, args.lr, bf16)
+    if layout == "ddp":
+        return layouts.ddp_step_fn(args.ckpt, rows_of(data, rank, 2).to(device).batch, device, args.lr, bf16)
     batch = data.to(device).batch
     if layout == "tp":
-        return baselines.tp_step_fn(args.ckpt, batch, device, args.lr, bf16)
-    return baselines.pp_step_fn(args.ckpt, batch, device, args.lr, args.pp_micro_batches, bf16)
+        return layouts.tp_step_fn(args.ckpt, batch, device, args.lr, bf16)
+    return layouts.pp_step_fn(args.ckpt, batch, device, args.lr, args.pp_micro_batches, bf16)
 
 
 # ---------------------------------------------------------------------------------- worker processes
@@ -235,8 +216,7 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
         if group == "plain_2threads":
             step = plain_step_fn(args, data, device)
         elif group == "plain_1thread_half":
-            half = args.rows // 2
-            step = plain_step_fn(args, data[rank * half:(rank + 1) * half], device)
+            step = plain_step_fn(args, rows_of(data, rank, 2), device)
         elif group.startswith("torch_"):
             step = layout_step_fn(args, group.removeprefix("torch_"), data, rank, device)
         else:

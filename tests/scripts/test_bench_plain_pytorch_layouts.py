@@ -30,26 +30,22 @@ def _batch(ckpt):
 
 
 def _reference(ckpt):
-    """One textbook step (the bench's own plain loop) on the whole batch, in this process."""
-    class Args:
-        lr, dtype = LR, "fp32"
-    Args.ckpt = ckpt
-    step = bench.plain_step_fn(Args, _batch(ckpt), torch.device("cpu"))
-    model = next(c.cell_contents for c in step.__closure__ if isinstance(c.cell_contents, torch.nn.Module))
+    """One step of the bench's single-process loop on the whole batch, in this process."""
+    step = baselines.single_process_step_fn(ckpt, _batch(ckpt).batch, torch.device("cpu"), LR)
     step()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return {name: p.detach().clone() for name, p in step.model.named_parameters()}
 
 
 def _one_step_each(rank, world, ckpt):
     from torch.distributed.tensor import DTensor
 
-    sys.path.insert(0, BENCH)
     data, device, out = _batch(ckpt), torch.device("cpu"), {}
-    half = ROWS // world
+    mine = bench.rows_of(data, rank, world).batch
     for layout in ("fsdp2", "ddp", "tp", "pp"):
-        if layout in ("fsdp2", "ddp"):
-            batch = data[rank * half:(rank + 1) * half].batch
-            step = getattr(baselines, f"{layout}_step_fn")(ckpt, batch, device, LR)
+        if layout == "fsdp2":
+            step = baselines.fsdp2_step_fn(ckpt, mine, device, LR)
+        elif layout == "ddp":
+            step = baselines.ddp_step_fn(ckpt, mine, device, LR)
         elif layout == "tp":
             step = baselines.tp_step_fn(ckpt, data.batch, device, LR)
         else:
