@@ -17,9 +17,15 @@ import time
 # works here (a hand-configured tile multiply ran). Must be set before oneDNN creates its first
 # primitive, hence at import.
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+# HYBRIDFLOW_CPU_ISA=avx2 lowers that cap further, to run as an AVX2-only CPU would (cpu_isa.py)
+from hybridflow import cpu_isa  # noqa: E402
+
+cpu_isa.apply_env()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+cpu_isa.hide_avx512_from_torch()  # before anything loads vLLM's kernels
 
 
 def device_type() -> str:
@@ -165,7 +171,21 @@ def auto_param_dtype(on_gpu: bool) -> tuple[str, str]:
         return "bf16", "GPU"
     speedup = cpu_bf16_speedup()
     verdict = "bf16" if speedup >= BF16_MIN_SPEEDUP else "fp32"
-    return verdict, f"a bf16 matmul runs {speedup:.1f}x as fast as fp32 on this CPU (bf16 from {BF16_MIN_SPEEDUP}x)"
+    return verdict, f"{bf16_speed_words(speedup)} on this CPU (bf16 where it is {BF16_MIN_SPEEDUP}x faster)"
+
+
+def bf16_speed_words(speedup: float) -> str:
+    """The probe's ratio as a user reads it: "4.6x faster", "25x slower" (a ratio of 0.04 printed
+    as "0.0x as fast" read as "does not run at all")."""
+    if speedup >= 1.05:
+        return f"bf16 matmuls run {_ratio(speedup)}x faster than fp32"
+    if speedup <= 1 / 1.05:
+        return f"bf16 matmuls run {_ratio(1 / speedup)}x slower than fp32"
+    return "bf16 and fp32 matmuls run at the same speed"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"  # two significant figures, never 1e+02
 
 
 def init_distributed(timeout_s: float = 600.0) -> None:

@@ -44,6 +44,8 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+
+import hybridflow.device  # noqa: F401  (applies HYBRIDFLOW_CPU_ISA before vLLM's kernels load)
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions,
                                         AllreduceOptions, BarrierOptions, BroadcastOptions,
                                         ReduceOp, ReduceScatterOptions, _create_work_from_future)
@@ -65,6 +67,12 @@ def unlink_shm_segment(name: str, rank: int) -> None:
 
 
 def _kernels_available() -> bool:
+    """vLLM's CPU build has the kernels in its AVX512 libraries only; HYBRIDFLOW_CPU_ISA=avx2
+    answers as an AVX2-only CPU would even where vLLM already loaded those (cpu_isa.py)."""
+    from hybridflow import cpu_isa
+
+    if cpu_isa.forced_avx2():
+        return False
     try:
         import vllm._custom_ops  # noqa: F401  (registers torch.ops._C on the CPU build)
     except Exception:

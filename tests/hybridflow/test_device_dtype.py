@@ -29,7 +29,19 @@ def test_a_cpu_gets_bf16_only_where_its_matmuls_are_faster(monkeypatch, speedup,
     monkeypatch.setattr(device, "cpu_bf16_speedup", lambda: speedup)
     dtype, why = device.auto_param_dtype(on_gpu=False)
     assert dtype == expected
-    assert f"{speedup:.1f}x" in why
+    assert f"{speedup:.1f}x faster" in why or "slower" in why or "same speed" in why
+
+
+@pytest.mark.parametrize("speedup, words", [
+    (4.9, "bf16 matmuls run 4.9x faster than fp32"),  # AVX512-BF16
+    (0.04, "bf16 matmuls run 25x slower than fp32"),  # AVX2 only: was "0.0x as fast as fp32"
+    (0.012, "bf16 matmuls run 83x slower than fp32"),
+    (1.0, "bf16 and fp32 matmuls run at the same speed"),
+    (0.7, "bf16 matmuls run 1.4x slower than fp32")])
+def test_the_speed_reads_as_faster_or_slower(monkeypatch, speedup, words):
+    monkeypatch.delenv(device.AUTO_DTYPE_ENV, raising=False)
+    monkeypatch.setattr(device, "cpu_bf16_speedup", lambda: speedup)
+    assert device.auto_param_dtype(on_gpu=False)[1].startswith(words + " on this CPU")
 
 
 def test_a_gpu_run_computes_in_bf16_when_the_driver_sees_no_gpu(monkeypatch):

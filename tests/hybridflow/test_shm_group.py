@@ -64,9 +64,14 @@ def _collectives(rank, world):
 
 @pytest.mark.slow
 def test_shared_memory_group_matches_gloo():
+    """Where this CPU lacks vLLM's kernels (AVX2 only, or HYBRIDFLOW_CPU_ISA=avx2) the group is
+    plain gloo and the same results must hold."""
+    from hybridflow import shm_group
+
+    shared = shm_group._kernels_available()
     results = run_distributed(_collectives, 2)
     for rank, r in enumerate(results):
-        assert r["shared"] is True
+        assert r["shared"] is shared
         assert r["group_rank"] == rank
         assert r["files_left"] == []  # names dropped once every rank mapped them
         assert r["sum_torch.float32"] < 1e-5
@@ -91,6 +96,20 @@ def test_off_unless_asked_for(monkeypatch, value, wanted):
         monkeypatch.delenv(shm_group.ENV_SWITCH, raising=False)
     else:
         monkeypatch.setenv(shm_group.ENV_SWITCH, value)
-    assert shm_group.enabled() is wanted
+    # asked for, it still needs vLLM's kernels (absent on AVX2-only CPUs)
+    assert shm_group.enabled() is (wanted and shm_group._kernels_available())
     monkeypatch.setenv("HYBRIDFLOW_DEVICE", "cuda")
     assert shm_group.enabled() is False  # NCCL serves GPU ranks
+
+
+def test_an_avx2_cpu_gets_gloo_even_when_asked_for(monkeypatch):
+    """HYBRIDFLOW_CPU_ISA=avx2 answers as an AVX2-only CPU: no shared-memory kernels."""
+    from hybridflow import cpu_isa, shm_group
+
+    monkeypatch.setenv("HYBRIDFLOW_DEVICE", "cpu")
+    monkeypatch.setenv(shm_group.ENV_SWITCH, "1")
+    monkeypatch.setenv(cpu_isa.ENV, "avx2")
+    assert shm_group._kernels_available() is False and shm_group.enabled() is False
+    monkeypatch.setenv(cpu_isa.ENV, "avx3")
+    with pytest.raises(ValueError, match="HYBRIDFLOW_CPU_ISA='avx3': use avx2"):
+        shm_group.enabled()

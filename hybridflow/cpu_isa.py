@@ -1,0 +1,60 @@
+"""A switch that makes this machine's CPU answer as an AVX2-only one: ``HYBRIDFLOW_CPU_ISA=avx2``.
+
+Machines of this project's kind come with different CPUs (docs/environment.md): AVX512-BF16,
+AVX512, and AVX2/FMA only. On AVX2 vLLM loads its AVX2 kernel library, which has no shared-memory
+collectives (hybridflow/shm_group.py falls back to gloo, vLLM's TP communicator to
+torch.distributed), and a bf16 matmul runs about 25x slower than fp32 (param_dtype=auto picks fp32).
+A test that depends on those capabilities asks for them; with this switch a newer CPU runs every
+such path the way the AVX2 machine does, so one can reproduce its CI before submitting:
+
+    HYBRIDFLOW_CPU_ISA=avx2 CI=true bash .ci/run
+
+What it changes, in every process that imports :mod:`hybridflow.device` (Ray workers and spawned
+ranks inherit the variable):
+- ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN runs its AVX2 kernels, so bf16 matmuls really are slow and the
+  speed probe (``device.cpu_bf16_speedup``) measures what the AVX2 machine measures;
+- ``ATEN_CPU_CAPABILITY=avx2``: ATen's vectorised kernels take their AVX2 code (other float
+  summation orders, as there);
+- ``torch.cpu``'s AVX512 flags read False, so vLLM loads ``_C_AVX2`` (no shared-memory kernels).
+
+The two environment variables take full effect only where they are set before the process's first
+matmul; set ``HYBRIDFLOW_CPU_ISA`` in the shell, not from inside a running program.
+"""
+from __future__ import annotations
+
+import os
+
+ENV = "HYBRIDFLOW_CPU_ISA"
+_CHOICES = ("avx2", "native")
+
+
+def forced_avx2() -> bool:
+    """Whether this process should behave as on an AVX2-only CPU."""
+    value = os.environ.get(ENV, "native").strip().lower() or "native"
+    if value not in _CHOICES:
+        raise ValueError(f"{ENV}={value!r}: use avx2 (act as an AVX2-only CPU) or native (or unset it)")
+    return value == "avx2"
+
+
+def apply_env() -> None:
+    """Before torch's first matmul: point oneDNN and ATen at their AVX2 code when forced."""
+    if forced_avx2():
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+        os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+
+
+def hide_avx512_from_torch() -> None:
+    """When forced, torch.cpu reports no AVX512: vLLM picks its kernel library from these flags
+    when it first loads its ops, so this must run before ``import vllm._custom_ops``."""
+    if not forced_avx2():
+        return
+    import torch.cpu
+
+    for flag in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
+                 "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        if hasattr(torch.cpu, flag):
+            setattr(torch.cpu, flag, _false)
+
+
+def _false() -> bool:
+    return False
