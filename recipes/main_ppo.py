@@ -97,9 +97,10 @@ def read_inputs(cfg) -> RunInputs:
     if not cfg.custom_reward_function.path and not cfg.reward_model.enable:
         _check_built_in_rewards(data, train_ds, val_ds)
     overlong = cfg.reward_model.overlong_buffer
-    reward = make_reward_manager(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                 cfg.custom_reward_function.reward_kwargs, manager=cfg.reward_model.reward_manager,
-                                 overlong_buffer=(overlong.len, overlong.penalty_factor) if overlong.enable else None)
+    crf = cfg.custom_reward_function
+    reward = make_reward_manager(crf.path, crf.name, crf.reward_kwargs, manager=cfg.reward_model.reward_manager,
+                                 overlong_buffer=(overlong.len, overlong.penalty_factor) if overlong.enable else None,
+                                 timeout_s=crf.timeout_s)
     return RunInputs(tokenizer, derive(cfg, dataset_len=len(train_ds)), train_loader, val_loader, reward)
 
 
@@ -195,8 +196,12 @@ def write_ray_timeline(path: str | None) -> None:
         print(f"ray timeline not written to {path}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
-class Terminated(Exception):
-    """SIGTERM (``scancel``, a Slurm time limit, ``kill``): the run stops as on Ctrl-C."""
+class Terminated(BaseException):
+    """SIGTERM (``scancel``, a Slurm time limit, ``kill``): the run stops as on Ctrl-C.
+
+    A BaseException, as KeyboardInterrupt is: the handler raises it wherever the driver happens to
+    be, and code that survives a failing part (``except Exception`` around a user's reward
+    function, which scores that sample 0 and goes on) must not survive a stop."""
 
 
 # What the SIGTERM handler raised, if it ran. Raised inside Ray's own code (deserialising a
@@ -293,8 +298,8 @@ def main(argv=None) -> int:
         return 2
     try:
         summary = run(cfg, inputs)
-    except (Exception, KeyboardInterrupt) as err:  # a broken reward function, a dead worker, Ctrl-C
-        return report_stop(cfg, err)
+    except (Exception, KeyboardInterrupt, Terminated) as err:  # a broken reward function, a dead worker,
+        return report_stop(cfg, err)  # Ctrl-C, SIGTERM
     if cfg.trainer.val_only:
         scores = {k: round(v, 4) for k, v in summary["history"][-1].items() if k.startswith("val/")}
         print(f"done: validation only, at step {summary['steps']}: {scores}")

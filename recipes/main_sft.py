@@ -10,7 +10,7 @@ from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
 from hybridflow.trainer.sft_trainer import sft_worker_layout
-from recipes.main_ppo import (available_slots, input_error_line, ray_address_from_env, report_stop,
+from recipes.main_ppo import (Terminated, available_slots, input_error_line, ray_address_from_env, report_stop,
                               restore_sigterm, stop_on_sigterm)
 
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     except DataError as err:
         print(input_error_line(err), file=sys.stderr)
         return 2
-    except (Exception, KeyboardInterrupt) as err:  # a dead or failing worker, Ctrl-C
+    except (Exception, KeyboardInterrupt, Terminated) as err:  # a dead or failing worker, Ctrl-C, SIGTERM
         return report_stop(cfg, err)
     print(f"done: {summary['steps']} SFT steps; HF checkpoint in {summary['hf_dir']}")
     return 0

@@ -54,3 +54,9 @@ class CustomRewardFunctionConfig:
     path: str | None = path_field(None)
     name: str = "compute_score"
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    # seconds one call may take (once per sample; the batch manager's once per batch), > 0. Calls
+    # run in a child process that is killed at the limit: that sample scores 0.0, counted in
+    # reward/timeouts; a call past min(10 s, half the limit) is warned about while it runs.
+    # null: no limit, calls run in the trainer's own process (hybridflow/rewards/scoring_process.py).
+    # verl has no key for it (its prime manager cuts each call at a fixed 300 s).
+    timeout_s: float | None = 60.0

@@ -25,7 +25,8 @@ def load_reward_function(path: str, name: str = "compute_score",
     """Import `path` and return its callable `name`, with `reward_kwargs` bound as keywords.
 
     Errors name the setting to fix: a missing file (`custom_reward_function.path`), a file that
-    fails to import (the original exception is chained), a missing or non-callable attribute
+    fails to import (the original exception is chained; sys.exit() at import included, which
+    would otherwise end the run with the file's exit code and nothing said), a missing or non-callable attribute
     (`custom_reward_function.name`, listing the functions the file does define).
     """
     path = os.path.abspath(os.path.expanduser(path))
@@ -38,6 +39,11 @@ def load_reward_function(path: str, name: str = "compute_score",
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:  # sys.exit() at import: not a stop of the run, a file that cannot be used
+        raise RewardFunctionError(
+            f"custom_reward_function.path: importing {path!r} called sys.exit({exc.code!r}); the file must only "
+            "define functions when imported (put script code under `if __name__ == \"__main__\":`)"
+        ) from None
     except Exception as exc:
         raise RewardFunctionError(
             f"custom_reward_function.path: importing {path!r} raised {type(exc).__name__}: {exc}"

@@ -7,6 +7,12 @@ run: that sample scores 0.0, the exception is counted in the metric `reward/erro
 first few are logged with the sample index. One that raises on every sample of a batch (of two or
 more) is broken, not flaky: training on all-zero scores would only waste the run, so that raises
 RewardFunctionError with the first exception.
+
+With ``timeout_s`` (``custom_reward_function.timeout_s``) each call runs in a child process and
+is cut at that limit (scoring_process.py says why a process): that sample scores 0.0 and is
+counted in `reward/timeouts`; a call running past min(10 s, half the limit) is warned about
+while it runs. A stop (SIGTERM's ``Terminated``, Ctrl-C) derives from BaseException and is never
+caught here: it stops the run, whatever the reward function was doing.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Sequence
@@ -23,6 +30,7 @@ from torch import Tensor
 
 from hybridflow.rewards.loader import RewardFunctionError, load_reward_function
 from hybridflow.rewards.registry import ComputeScoreFn, default_compute_score
+from hybridflow.rewards.scoring_process import CallOutcome, ScoringProcess
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +74,11 @@ def overlong_penalty(length: int, max_length: int, buffer: int, factor: float) -
 # A function that raised on every sample of whole batches, this many samples in a row, is broken
 # rather than flaky, and all-zero scores would train on nothing: the run stops. Counting across
 # batches keeps small batches (val_batch_size=1) of a flaky function from stopping it by chance.
+# A call cut at the time limit counts as raising here: a function that never answers in time
+# (a grader service that is down) is as broken.
 STOP_AFTER_RAISING = 8
+# without a time limit, a call slower than this is reported when it returns
+SLOW_CALL_S = 10.0
 
 
 class RewardManager:
@@ -75,10 +87,12 @@ class RewardManager:
     `compute_score(data_sources, solution_strs, ground_truths, extra_infos)` returns one result
     per sample, for scorers that vectorise or call a service once). A batch call that raises
     fails the step, since no sample of it has a score. ``overlong_buffer`` adds DAPO's length
-    penalty to each score (verl's ``dapo`` manager: per sample, as ``naive``)."""
+    penalty to each score (verl's ``dapo`` manager: per sample, as ``naive``). ``timeout_s``
+    bounds each call in a child process (None: calls run here, unbounded)."""
 
     def __init__(self, compute_score: ComputeScoreFn | None = None, max_logged_errors: int = 3,
-                 batched: bool = False, overlong_buffer: tuple[int, float] | None = None):
+                 batched: bool = False, overlong_buffer: tuple[int, float] | None = None,
+                 timeout_s: float | None = None):
         if batched and compute_score is None:
             raise RewardFunctionError("reward_model.reward_manager=batch calls custom_reward_function with "
                                       "whole lists: set custom_reward_function.path")
@@ -86,6 +100,8 @@ class RewardManager:
         self.batched = batched
         self.overlong_buffer = overlong_buffer  # (buffer length, penalty factor): verl's dapo manager
         self.max_logged_errors = max_logged_errors
+        self.timeout_s = timeout_s
+        self._process = ScoringProcess(self.compute_score, timeout_s) if timeout_s is not None else None
         self._logged_errors = 0  # over this manager's lifetime, so a bad function cannot flood logs
         self._raising_in_a_row = 0  # samples of whole batches that all raised, back to the last success
 
@@ -104,31 +120,34 @@ class RewardManager:
         if bad:
             raise ValueError(f"reward: response length {bad[0]} outside [0, max_response_length={max_response_length}]")
 
-        batch_results = (self._call_batched(responses, data_sources, ground_truths, extra_infos)
-                         if self.batched else None)
+        if self.batched:
+            outcomes = self._call_batched(responses, data_sources, ground_truths, extra_infos)
+        else:
+            outcomes = self._call_each([dict(data_source=data_sources[i], solution_str=responses[i],
+                                             ground_truth=ground_truths[i], extra_info=extra_infos[i])
+                                        for i in range(batch)])
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
-        errors, first_error = 0, None
-        for i in range(batch):
-            try:  # a batch result is checked like a per-sample one (malformed: 0.0, counted)
-                result = batch_results[i] if self.batched else self.compute_score(
-                    data_source=data_sources[i], solution_str=responses[i],
-                    ground_truth=ground_truths[i], extra_info=extra_infos[i])
-                score, extra = _as_score(result)
-            except Exception as exc:
+        errors, timeouts, first_error = 0, 0, None
+        for i, outcome in enumerate(outcomes):
+            score, extra, error = 0.0, {}, outcome.error
+            if outcome.timed_out:
+                timeouts += 1
+                if not self.batched or i == 0:  # a batch call timed out once, for all its samples
+                    self._log_timeout(i, data_sources[i])
+            elif error is None:
+                try:  # a batch result is checked like a per-sample one (malformed: 0.0, counted)
+                    score, extra = _as_score(outcome.result)
+                except Exception as exc:
+                    error = exc
+            if error is not None:
                 errors += 1
-                first_error = first_error or exc
+                first_error = first_error or error
                 score, extra = 0.0, {}
-                self._log_error(i, data_sources[i], exc)
+                self._log_error(i, data_sources[i], error)
             scores.append(score)
             extras.append(extra)
-        self._raising_in_a_row = self._raising_in_a_row + batch if errors == batch else 0
-        if errors == batch and self._raising_in_a_row >= STOP_AFTER_RAISING:
-            streak = f" ({self._raising_in_a_row} in a row)" if self._raising_in_a_row > batch else ""
-            raise RewardFunctionError(
-                f"the reward function raised on all {batch} samples of a batch{streak}, first "
-                f"{type(first_error).__name__}: {first_error}; fix custom_reward_function (path/name) "
-                f"or the function") from first_error
+        self._check_not_broken(batch, errors + timeouts, first_error)
 
         penalties = None
         if self.overlong_buffer is not None:
@@ -151,28 +170,84 @@ class RewardManager:
         keys = sorted({k for extra in extras for k in extra})
         extra_columns = {k: [extra.get(k) for extra in extras] for k in keys}
         metrics = self._metrics(scores, data_sources, extra_columns, errors)
+        metrics["reward/timeouts"] = float(timeouts)
         if penalties is not None:
             metrics["reward/overlong_penalty/mean"] = sum(penalties) / batch
             metrics["reward/overlong/frac"] = sum(p < 0 for p in penalties) / batch
         return RewardResult(token_level_scores, scores, extra_columns, metrics)
 
-    def _call_batched(self, responses, data_sources, ground_truths, extra_infos) -> list:
-        """One call for the batch: its results, one per response."""
-        try:
-            results = self.compute_score(data_sources=list(data_sources), solution_strs=list(responses),
-                                         ground_truths=list(ground_truths), extra_infos=list(extra_infos))
-        except Exception as exc:
+    def _check_not_broken(self, batch: int, failed: int, first_error: BaseException | None) -> None:
+        """Raise once whole batches failed (raised or timed out), STOP_AFTER_RAISING samples in a row."""
+        self._raising_in_a_row = self._raising_in_a_row + batch if failed == batch else 0
+        if failed == batch and self._raising_in_a_row >= STOP_AFTER_RAISING:
+            streak = f" ({self._raising_in_a_row} in a row)" if self._raising_in_a_row > batch else ""
+            first = (f"first {type(first_error).__name__}: {first_error}" if first_error is not None else
+                     f"each call cut at custom_reward_function.timeout_s={self.timeout_s:g}")
+            verb = "raised" if first_error is not None else "timed out"
+            raise RewardFunctionError(
+                f"the reward function {verb} on all {batch} samples of a batch{streak}, {first}; fix "
+                "custom_reward_function (path/name/timeout_s) or the function") from first_error
+
+    def _call_each(self, calls: list[dict]) -> list[CallOutcome]:
+        """One outcome per sample: in the child process when bounded, else here (only Exception
+        is the sample's: a stop, BaseException, passes)."""
+        if self._process is not None:
+            return self._process.call_each(calls, lambda i: f"sample {i} (data_source="
+                                                            f"{calls[i]['data_source']!r})")
+        outcomes = []
+        for i, kwargs in enumerate(calls):
+            started = time.monotonic()
+            try:
+                outcomes.append(CallOutcome(result=self.compute_score(**kwargs)))
+            except Exception as exc:
+                outcomes.append(CallOutcome(error=exc))
+            self._warn_if_slow(time.monotonic() - started, f"sample {i} (data_source={kwargs['data_source']!r})")
+        return outcomes
+
+    def _warn_if_slow(self, took_s: float, what: str) -> None:
+        if took_s >= SLOW_CALL_S:
+            logger.warning("reward function slow: %s took %.0f s (no time limit: custom_reward_function."
+                           "timeout_s=null)", what, took_s)
+
+    def _call_batched(self, responses, data_sources, ground_truths, extra_infos) -> list[CallOutcome]:
+        """One call for the batch: an outcome per response (each timed out if the call was)."""
+        kwargs = dict(data_sources=list(data_sources), solution_strs=list(responses),
+                      ground_truths=list(ground_truths), extra_infos=list(extra_infos))
+        if self._process is not None:
+            outcome = self._process.call_once(kwargs, f"the batch call ({len(responses)} samples)")
+        else:
+            started = time.monotonic()
+            try:
+                outcome = CallOutcome(result=self.compute_score(**kwargs))
+            except Exception as exc:
+                outcome = CallOutcome(error=exc)
+            self._warn_if_slow(time.monotonic() - started, f"the batch call ({len(responses)} samples)")
+        if outcome.timed_out:
+            return [outcome] * len(responses)
+        if outcome.error is not None:
+            exc = outcome.error
             raise RewardFunctionError(f"the batch reward function raised {type(exc).__name__}: {exc}; fix "
                                       "custom_reward_function or use reward_model.reward_manager=naive") from exc
+        results = outcome.result
         if isinstance(results, Tensor):
             results = results.tolist()
         if not isinstance(results, Sequence) or isinstance(results, str) or len(results) != len(responses):
             got = f"{len(results)} results" if isinstance(results, Sequence) else type(results).__name__
             raise RewardFunctionError(f"reward_model.reward_manager=batch: the reward function returned {got} "
                                       f"for {len(responses)} responses; return one score (or dict) per response")
-        return list(results)
+        return [CallOutcome(result=r) for r in results]
 
-    def _log_error(self, index: int, data_source: Any, exc: Exception) -> None:
+    def close(self) -> None:
+        """Stop the scoring child process, if one runs (a later call starts another)."""
+        if self._process is not None:
+            self._process.close()
+
+    def _log_timeout(self, index: int, data_source: Any) -> None:
+        """Every timeout is logged: each one cost the step timeout_s seconds, so they are few."""
+        logger.warning("reward function timed out on sample %d (data_source=%r) after custom_reward_function."
+                       "timeout_s=%g; scored 0.0 (counted in reward/timeouts)", index, data_source, self.timeout_s)
+
+    def _log_error(self, index: int, data_source: Any, exc: BaseException) -> None:
         if self._logged_errors < self.max_logged_errors:
             logger.warning("reward function raised on sample %d (data_source=%r); scored 0.0: %s: %s",
                            index, data_source, type(exc).__name__, exc, exc_info=exc)
@@ -220,10 +295,12 @@ def check_signature(fn, name: str, batched: bool) -> None:
 def make_reward_manager(custom_path: str | None = None, custom_name: str = "compute_score",
                         reward_kwargs: dict[str, Any] | None = None,
                         max_logged_errors: int = 3, manager: str = "naive",
-                        overlong_buffer: tuple[int, float] | None = None) -> RewardManager:
+                        overlong_buffer: tuple[int, float] | None = None,
+                        timeout_s: float | None = None) -> RewardManager:
     """From the `custom_reward_function` config group: the user's function when `path` is set,
     else the built-in dispatcher by data_source; `manager` is `reward_model.reward_manager`, and
-    `overlong_buffer` (length, penalty factor) the dapo manager's `reward_model.overlong_buffer`."""
+    `overlong_buffer` (length, penalty factor) the dapo manager's `reward_model.overlong_buffer`;
+    `timeout_s` is `custom_reward_function.timeout_s` (None: no limit, calls run in this process)."""
     if manager not in REWARD_MANAGERS:
         raise ValueError(f"reward_model.reward_manager={manager!r} is unknown: use one of {REWARD_MANAGERS}")
     if overlong_buffer is not None and manager != "dapo":
@@ -232,4 +309,4 @@ def make_reward_manager(custom_path: str | None = None, custom_name: str = "comp
     if fn is not None:
         check_signature(fn, custom_name, batched=manager == "batch")
     return RewardManager(fn, max_logged_errors=max_logged_errors, batched=manager == "batch",
-                         overlong_buffer=overlong_buffer)
+                         overlong_buffer=overlong_buffer, timeout_s=timeout_s)
