@@ -109,6 +109,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         *_megatron_rows("critic.megatron", c.megatron),
         _row("reward_model.micro_batch_size_per_gpu", cfg.reward_model.micro_batch_size_per_gpu, POSITIVE),
         ("custom_reward_function.name", cfg.custom_reward_function.name, bool, "a function name"),
+        _row("custom_reward_function.timeout_s", cfg.custom_reward_function.timeout_s, OPTIONAL_GT_0),
         _row("algorithm.gamma", alg.gamma, UNIT),
         _row("algorithm.lam", alg.lam, UNIT),
         _row("algorithm.kl_ctrl.kl_coef", alg.kl_ctrl.kl_coef, NON_NEGATIVE),
