@@ -74,7 +74,8 @@ def run(cfg) -> dict:
     previous_sigterm = stop_on_sigterm()
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),
-                           name_prefix="sft", timeout_s=t.call_timeout_s)
+                           name_prefix="sft", timeout_s=t.call_timeout_s,
+                           init_timeout_s=t.init_timeout_s)
     tracker = Tracker(with_jsonl(t.logger), t.project_name, t.experiment_name, t.default_local_dir,
                       flatten_config(dataclasses.asdict(cfg)))
     try:

@@ -17,13 +17,17 @@ def worker_env(cfg, model_path: str | None = None) -> dict[str, str]:
     vLLM's KV cache to the byte from rollout.kv_cache_gib; that variable only takes whole GiB.)"""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
            "HYBRIDFLOW_CALL_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
-           "HYBRIDFLOW_DIST_TIMEOUT_S": str(cfg.trainer.call_timeout_s),
+           # the collectives of a start-up call (init_model) need the start-up bound
+           "HYBRIDFLOW_DIST_TIMEOUT_S": str(max(cfg.trainer.call_timeout_s,
+                                                getattr(cfg.trainer, "init_timeout_s", 0.0))),
            "HYBRIDFLOW_DEVICE": os.environ.get("HYBRIDFLOW_DEVICE", ""),
            "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE",
                                                   "1" if has_tensors_beyond_malloc_reuse(model_path) else ""),
            # opt-in shared-memory TP all-reduces (hybridflow/shm_group.py); forwarded because
            # workers on a cluster do not inherit the driver's environment
-           "HYBRIDFLOW_SHM_COLLECTIVES": os.environ.get("HYBRIDFLOW_SHM_COLLECTIVES", "")}
+           "HYBRIDFLOW_SHM_COLLECTIVES": os.environ.get("HYBRIDFLOW_SHM_COLLECTIVES", ""),
+           # run the workers as on an AVX2-only CPU too (hybridflow/cpu_isa.py)
+           "HYBRIDFLOW_CPU_ISA": os.environ.get("HYBRIDFLOW_CPU_ISA", "")}
     if cfg.trainer.device in ("cpu", "cuda"):
         env["HYBRIDFLOW_DEVICE"] = cfg.trainer.device
     return {k: v for k, v in env.items() if v}

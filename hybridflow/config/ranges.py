@@ -125,6 +125,7 @@ def range_errors(cfg: RootConfig) -> list[str]:
         _row("trainer.max_actor_ckpt_to_keep", t.max_actor_ckpt_to_keep, OPTIONAL_POSITIVE),
         _row("trainer.max_critic_ckpt_to_keep", t.max_critic_ckpt_to_keep, OPTIONAL_POSITIVE),
         _row("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
+        _row("trainer.init_timeout_s", t.init_timeout_s, GREATER_THAN_0),
         _row("trainer.separate_pool_gpus_per_node", t.separate_pool_gpus_per_node, POSITIVE),
         _row("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0),
         _row("ray_init.num_cpus", cfg.ray_init.num_cpus, OPTIONAL_POSITIVE),

@@ -84,6 +84,7 @@ class SFTTrainerConfig:
     project_name: str = "hybridflow-sft"
     experiment_name: str = "sft"
     call_timeout_s: float = 600.0
+    init_timeout_s: float = 1800.0  # the workers' start-up (init_model), as in trainer.py
     cpus_per_worker: float = 1.0
     seed: int = 0
 
@@ -134,6 +135,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
             ("trainer.save_freq", t.save_freq, FREQ), ("trainer.test_freq", t.test_freq, FREQ),
             ("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, OPTIONAL_POSITIVE),
             ("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
+            ("trainer.init_timeout_s", t.init_timeout_s, GREATER_THAN_0),
             ("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0)]
     errors = [f"{k}={val!r} must be {rule[1]}" for k, val, rule in rows if not rule[0](val)]
     errors += [f"{k}={val!r} must be {what}" for k, val, ok, what in optim_rows("optim", cfg.optim)

@@ -42,6 +42,9 @@ class TrainerConfig:
     project_name: str = "hybridflow"
     experiment_name: str = "demo"
     call_timeout_s: float = 600.0  # every remote call and collective
+    # start-up (init_model: build the models, load weights, start vLLM), slow on a loaded machine
+    # without being stuck; collectives inside it are bounded by the larger of the two
+    init_timeout_s: float = 1800.0
     placement: str = "colocate"  # colocate | separate
     separate_pool_gpus_per_node: int = 1
     # placement=separate: the second pool's calls (reward model, reference, values, critic update)

@@ -24,6 +24,10 @@ from hybridflow.ports import node_ip_and_free_port
 DEFAULT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_CALL_TIMEOUT_S", "1800"))
 # Starting actors (new processes, imports) is slow on a loaded machine; it gets its own bound.
 START_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_START_TIMEOUT_S", "300"))
+# A worker's start-up call (verl's name for it: init_model builds the model, loads the weights and
+# starts vLLM) is slow but healthy on a loaded machine, so it is bounded by the group's
+# init_timeout_s (trainer.init_timeout_s) rather than by the per-step call bound.
+STARTUP_METHODS = frozenset({"init_model"})
 
 
 class WorkerGroupError(RuntimeError):
@@ -62,9 +66,11 @@ _node_ip_and_free_port = ray.remote(num_cpus=0)(node_ip_and_free_port)
 class RayWorkerGroup:
     def __init__(self, resource_pool: ResourcePool | None, ray_cls_with_init: RayClassWithInitArgs | None,
                  name_prefix: str = "wg", timeout_s: float | None = None, env: dict[str, str] | None = None,
-                 _actors: list | None = None, _method_prefix: str = "", _worker_cls=None):
+                 _actors: list | None = None, _method_prefix: str = "", _worker_cls=None,
+                 init_timeout_s: float | None = None):
         self.name = name_prefix
         self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
+        self.init_timeout_s = init_timeout_s or self.timeout_s  # for STARTUP_METHODS
         self._prefix = _method_prefix
         self._mesh_cache: dict[str, MeshInfo] = {}
         if _actors is not None:  # a view on actors that already exist (colocated roles)
@@ -132,7 +138,7 @@ class RayWorkerGroup:
         views = {}
         for role in roles:
             view = RayWorkerGroup(None, None, name_prefix=f"{self.name}/{role}", timeout_s=self.timeout_s,
-                                  _actors=self._actors, _method_prefix=f"{role}__", _worker_cls=self._worker_cls)
+                                  init_timeout_s=self.init_timeout_s, _actors=self._actors, _method_prefix=f"{role}__", _worker_cls=self._worker_cls)
             view._pids = self._pids
             views[role] = view
         return views
@@ -179,7 +185,7 @@ class RayWorkerGroup:
             refs = [getattr(actor, name).remote(*a, **kw) for actor, (a, kw) in zip(self._actors, calls)]
             collect = functools.partial(self._collect, mode, ctx)
         if spec["blocking"]:
-            return collect(self._wait(refs, method))
+            return collect(self._wait(refs, method, self.init_timeout_s if method in STARTUP_METHODS else None))
         if spec["execute_mode"] is Execute.ALL and "pad" in ctx:
             if mode.mesh_name is not None:
                 info = self.mesh_info(mode.mesh_name)
@@ -219,10 +225,11 @@ class RayWorkerGroup:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 ranks = sorted(index[r] for r in pending)
+                knob = ("trainer.init_timeout_s" if method in STARTUP_METHODS
+                        else "HYBRIDFLOW_CALL_TIMEOUT_S / trainer.call_timeout_s")
                 raise WorkerGroupError(
                     f"{self.name}: {method} did not finish within {timeout_s:g}s on ranks {ranks} "
-                    f"(raise the timeout with HYBRIDFLOW_CALL_TIMEOUT_S / trainer.call_timeout_s if the work is "
-                    f"legitimately long)")
+                    f"(raise the timeout with {knob} if the work is legitimately long)")
             ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             for ref in ready:
                 rank = index[ref]

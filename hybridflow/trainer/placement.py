@@ -35,6 +35,7 @@ def build_worker_groups(cfg, main_roles: dict[str, RayClassWithInitArgs],
     for name, slots, roles in plan:
         pool = ResourcePool(slots, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker, name_prefix=name)
         pools.append(pool)
-        group = RayWorkerGroup(pool, create_colocated_worker_cls(roles), name_prefix=name, timeout_s=t.call_timeout_s)
+        group = RayWorkerGroup(pool, create_colocated_worker_cls(roles), name_prefix=name, timeout_s=t.call_timeout_s,
+                               init_timeout_s=t.init_timeout_s)
         groups.update(group.spawn(list(roles)))
     return groups, pools

@@ -86,3 +86,13 @@ def test_ray_worker_of_a_large_model_puts_big_cpu_tensors_on_huge_pages(ray_clus
     env = worker_env(CFG, big)
     value, _ = ray_cluster.get(probe.options(runtime_env={"env_vars": {**env, "PROBE": "off"}}).remote())
     assert env["THP_MEM_ALLOC_ENABLE"] == value == "0"
+
+
+def test_start_up_collectives_get_the_start_up_bound(monkeypatch):
+    """init_model's collectives wait on the slowest rank's loading: the workers' torch.distributed
+    timeout is the larger of trainer.call_timeout_s and trainer.init_timeout_s."""
+    monkeypatch.setenv("HYBRIDFLOW_CPU_ISA", "avx2")
+    cfg = SimpleNamespace(trainer=SimpleNamespace(call_timeout_s=60.0, init_timeout_s=1800.0, device="cpu"))
+    env = worker_env(cfg)
+    assert env["HYBRIDFLOW_CALL_TIMEOUT_S"] == "60.0" and env["HYBRIDFLOW_DIST_TIMEOUT_S"] == "1800.0"
+    assert env["HYBRIDFLOW_CPU_ISA"] == "avx2"  # workers on other nodes act as AVX2-only too

@@ -104,6 +104,7 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(trainer__save_freq=-2), "trainer.save_freq=-2 must be -1 or 0 (off) or a positive number of steps"),
     (dict(data__train_batch_size=0), "data.train_batch_size=0 must be a positive integer"),
     (dict(actor_rollout_ref__actor__optim__lr=0.0), "actor_rollout_ref.actor.optim.lr=0.0 must be > 0"),
+    (dict(trainer__init_timeout_s=0.0), "trainer.init_timeout_s=0.0 must be > 0"),
     (dict(algorithm__kl_ctrl__type="adaptive", algorithm__kl_ctrl__horizon=0),
      "algorithm.kl_ctrl.horizon=0 must be a positive integer"),
     (dict(data__train_max_samples=0), "data.train_max_samples=0 must be -1 (all) or a positive number"),

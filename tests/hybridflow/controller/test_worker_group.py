@@ -76,6 +76,11 @@ class EchoWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, seconds):  # a slow start-up (loading weights on a busy machine)
+        time.sleep(seconds)
+        return self.rank
+
 
 class MeshWorker(Worker):
     """2 ranks as one TP group (tp=2, dp=1): both get the same data, rank 0 is collected."""
@@ -289,6 +294,24 @@ def test_hung_call_times_out(ray_cluster):
     with pytest.raises(WorkerGroupError, match=r"slowpoke: sleep did not finish within 2s on ranks \[0, 1\]"):
         g.sleep(30)
     assert time.monotonic() - t0 < 5
+    g.shutdown()
+
+
+def test_start_up_has_its_own_bound(ray_cluster):
+    """A short trainer.call_timeout_s no longer cuts a slow but healthy init_model: start-up
+    calls are bounded by init_timeout_s, through the colocated role views too."""
+    pool = ResourcePool([2], cpus_per_slot=0.5, ready_timeout_s=60)
+    _POOLS.append(pool)
+    cls = create_colocated_worker_cls({"actor": RayClassWithInitArgs(EchoWorker)})
+    g = RayWorkerGroup(pool, cls, name_prefix="startup", timeout_s=1, init_timeout_s=30)
+    actor = g.spawn(["actor"])["actor"]
+    assert actor.init_model(2) == [0, 1]
+    with pytest.raises(WorkerGroupError, match=r"startup/actor: sleep did not finish within 1s .*call_timeout_s"):
+        actor.sleep(2)
+    short = RayWorkerGroup(None, None, name_prefix="short", timeout_s=1, _actors=actor.actors,
+                           _method_prefix="actor__", _worker_cls=cls.cls)
+    with pytest.raises(WorkerGroupError, match=r"init_model did not finish within 1s .*trainer.init_timeout_s"):
+        short.init_model(2)
     g.shutdown()
 
 
