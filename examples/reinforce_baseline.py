@@ -33,7 +33,7 @@ def main(overrides):
     data = RLPromptDataset.from_config(cfg.data.train_files, tok, cfg.data)
     loader = ResumablePromptLoader(data, cfg.data.train_batch_size, seed=cfg.data.seed)
     fn = cfg.custom_reward_function
-    reward = make_reward_manager(fn.path, fn.name, fn.reward_kwargs)
+    reward = make_reward_manager(fn.path, fn.name, fn.reward_kwargs, timeout_s=fn.timeout_s)
     ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": worker_env(cfg)})
     main_roles, _ = role_specs(cfg, derive(cfg, len(data)))
     groups, _ = build_worker_groups(cfg, main_roles, {}, use_gpu=False)

@@ -8,7 +8,9 @@ the imports and reward-function state in it) is made once, not per step: on a 2-
 Ray would otherwise start a fresh worker process, importing torch, whenever the last one was
 reaped as idle. Unlike a driver thread, the function runs on its process's main thread, so
 scorers that time out with ``signal.alarm`` (math_verify and others do) work as they do inline,
-and a CPU-bound scorer does not hold the driver's GIL.
+and a CPU-bound scorer does not hold the driver's GIL. With ``custom_reward_function.timeout_s``
+(the default) the manager in that actor runs each call in a child process of the actor's own, on
+that child's main thread, killed at the limit (hybridflow/rewards/scoring_process.py).
 
 A reward model off the actor's pool (``trainer.placement=separate`` or
 ``reward_model.enable_resource_pool``) is pending in the same way: :class:`PendingModelScores`

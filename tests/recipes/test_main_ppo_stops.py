@@ -209,7 +209,9 @@ def test_a_worker_killed_for_memory_stops_in_one_line_naming_the_keys(tmp_path, 
 @pytest.mark.slow
 def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_path):
     """``scancel`` or a Slurm time limit sends SIGTERM: the driver stops the workers and says
-    which checkpoint to resume from (before, Ray's handler exited with nothing said)."""
+    which checkpoint to resume from (before, Ray's handler exited with nothing said). It arrives
+    while the reward function runs (a slow grader), which used to take the stop for that sample's
+    error, score it 0 and train on."""
     import signal
     import subprocess
     import sys
@@ -220,7 +222,17 @@ def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_
     out = str(tmp_path / "run")
     overrides = [o for o in recipe_assets.overrides(out) if not o.startswith(("trainer.total_training_steps",
                                                                             "trainer.test_freq"))]
-    overrides += ["trainer.total_training_steps=1000", "trainer.save_freq=1", "trainer.test_freq=-1",
+    slow_reward = tmp_path / "slow_reward.py"  # once a checkpoint exists: says so, then grades for 50 s
+    slow_reward.write_text(
+        "import os, time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    if os.path.exists({os.path.join(out, 'latest_checkpointed_iteration.txt')!r}) and not "
+        f"os.path.exists({str(tmp_path / 'scoring')!r}):\n"
+        f"        open({str(tmp_path / 'scoring')!r}, 'w').close()\n"
+        "        time.sleep(50)\n"
+        "    return 0.0\n")
+    overrides += [f"custom_reward_function.path={slow_reward}",
+                  "trainer.total_training_steps=1000", "trainer.save_freq=1", "trainer.test_freq=-1",
                   "trainer.val_before_train=false", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
                   "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -229,7 +241,7 @@ def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err_file)
         try:
             deadline = time.monotonic() + 300
-            while not os.path.exists(os.path.join(out, "latest_checkpointed_iteration.txt")):
+            while not os.path.exists(tmp_path / "scoring"):
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
                 time.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
@@ -240,7 +252,7 @@ def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_
     stderr = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 143, stderr[-3000:]
     lines = stderr.strip().splitlines()
-    assert "stopped by SIGTERM" in lines, stderr[-3000:]
+    assert "stopped by SIGTERM" in lines and "reward function" not in stderr, stderr[-3000:]
     step = read_tracker(out)
     # (Ray forwards worker log lines at its own pace, so the line need not be the very last)
     assert step >= 1 and (f"the run stopped; its last complete checkpoint is {out}/global_step_{step}: "

@@ -12,7 +12,9 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
+import torch
 
 from hybridflow.rewards import RewardFunctionError, load_reward_function, make_reward_manager
 
@@ -151,3 +153,26 @@ def test_timeout_s_is_declared_with_its_range():
     cfg = load_config(compose_config("grpo", ["custom_reward_function.timeout_s=0"]))
     with pytest.raises(ConfigError, match=r"custom_reward_function.timeout_s=0.0 must be null or > 0"):
         validate(cfg, available_slots=None)
+
+
+def test_calls_are_bounded_in_the_reward_process_too(reward_file, ray_cluster):
+    """reward_model.launch_reward_fn_async ships the manager to a Ray actor: there it starts its own
+    child, and a call past the limit is cut as inline."""
+    from hybridflow.protocol import DataProto
+    from hybridflow.tiny import make_char_tokenizer
+    from hybridflow.trainer.reward_process import RewardProcess
+
+    tokenizer = make_char_tokenizer()
+    texts = ["a", "s", "b"]
+    responses = torch.tensor([tokenizer.encode(t) for t in texts])
+    batch = DataProto.from_single_dict({"responses": responses, "response_mask": torch.ones_like(responses),
+                                        "data_source": np.array(["x"] * 3, dtype=object),
+                                        "ground_truth": np.array(["a", "sleep", "b"], dtype=object)})
+    process = RewardProcess(tokenizer, make_reward_manager(reward_file, timeout_s=1.5))
+    try:
+        started = time.monotonic()
+        _, scores, metrics, extra, _ = process.submit(batch).result()
+    finally:
+        process.shutdown()
+    assert time.monotonic() - started < 30 and scores == [1.0, 0.0, 1.0] and metrics["reward/timeouts"] == 1.0
+    assert os.getpid() not in extra["pid"]
