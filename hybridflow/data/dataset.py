@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,40 +38,65 @@ class DataError(ValueError):
 
 def read_rows(path: str) -> list[dict]:
     """All rows of one ``.parquet``, ``.jsonl`` or ``.json`` (one row per line, or one array of
-    rows) file as plain Python dicts/lists."""
+    rows) file as plain Python dicts/lists. A file that cannot be read, or has no rows, raises a
+    one-line DataError naming it: not a decoder's traceback, and not a count of rows filtered later."""
     if not os.path.exists(path):
         raise DataError(f"data file {path!r} does not exist: check data.train_files / data.val_files")
     ext = os.path.splitext(path)[1].lower()
-    if ext == ".parquet":
-        import pyarrow.parquet as pq
+    if ext not in (".parquet", ".jsonl", ".json"):
+        raise DataError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet, .jsonl or .json")
+    if os.path.getsize(path) == 0:
+        raise DataError(f"data file {path} is empty (0 bytes): write its rows, or remove it from "
+                        "data.train_files / data.val_files")
+    rows = _read_parquet(path) if ext == ".parquet" else _read_json_rows(path, ext)
+    if not rows:
+        raise DataError(f"data file {path} has no rows: write its rows, or remove it from "
+                        "data.train_files / data.val_files")
+    return rows
 
+
+def _read_parquet(path: str) -> list[dict]:
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
         # to_pylist keeps nested lists/structs as Python lists/dicts (pandas would give ndarrays).
         return pq.read_table(path).to_pylist()
-    if ext == ".json" and _starts_with(path, "["):  # one JSON array of rows, not one row per line
-        with open(path, encoding="utf-8") as f:
-            try:
-                return json.load(f)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {e.lineno} is not valid JSON ({e.msg})") from None
-    if ext in (".jsonl", ".json"):
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
-                                     "jsonl files need one JSON object per line") from None
-        return rows
-    raise DataError(f"data file {path!r}: unsupported extension {ext!r}; use .parquet, .jsonl or .json")
+    except (pyarrow.ArrowException, OSError) as err:  # truncated, or another format named .parquet
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = re.sub(r"^Could not open Parquet input source '.*?': ", "", reason)  # the path is said once
+        raise DataError(f"{path} is not a readable parquet file ({reason}): write it again (an interrupted copy "
+                        "truncates it), or give a jsonl file a .jsonl name") from None
 
 
-def _starts_with(path: str, char: str) -> bool:
-    with open(path, encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
-    return head.startswith(char)
+def _read_json_rows(path: str, ext: str) -> list[dict]:
+    # bytes, decoded line by line, so a non-UTF-8 byte is reported with its line (a BOM is allowed)
+    with open(path, "rb") as f:
+        lines = [_utf8_line(path, raw, line_no) for line_no, raw in enumerate(f, start=1)]
+    first = next((line.lstrip()[0] for line in lines if line.strip()), "")
+    if ext == ".json" and first == "[":  # one JSON array of rows, not one row per line
+        try:
+            return json.loads("".join(lines))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {e.lineno} is not valid JSON ({e.msg})") from None
+    rows = []
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
+                            "jsonl files need one JSON object per line") from None
+    return rows
+
+
+def _utf8_line(path: str, raw: bytes, line_no: int) -> str:
+    try:
+        return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: line {line_no} is not UTF-8 text (byte {raw[e.start]:#04x} at column "
+                        f"{e.start + 1}): save the file as UTF-8") from None
 
 
 def _row_error(path: str, row: int, key: str, problem: str) -> DataError:
