@@ -18,7 +18,8 @@ from hybridflow.config.derived import prompts_per_generation_batch
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
-from hybridflow.trainer.checkpoint import CheckpointError
+from hybridflow.trainer.checkpoint import CheckpointError, CheckpointSaveError
+from hybridflow.trainer.finite import NonFiniteError
 
 # what a user's input can be wrong with, and the label of its one-line message
 INPUT_ERRORS = {ConfigError: "config error", DataError: "data error", RewardFunctionError: "config error",
@@ -235,20 +236,34 @@ def restore_sigterm(previous: Any) -> None:
 
 
 def last_checkpoint_line(cfg) -> str:
-    """What a stopped run leaves to resume from, and how, as the last line the user reads."""
-    from hybridflow.trainer.checkpoint import CheckpointError, read_tracker, step_dir
+    """What a stopped run leaves to resume from, and how, as the last line the user reads: the
+    checkpoint the tracker names if it verifies (manifest, sizes, hashes), else the newest one that
+    does, never one that a resume would refuse."""
+    from hybridflow.trainer.checkpoint import CheckpointError, check_complete, newest_verified, read_tracker, step_dir
 
     root = cfg.trainer.default_local_dir
     try:
         step = read_tracker(root)
     except CheckpointError as err:
         return f"the run stopped; {err}"
-    if step is None:
+    tracked = step_dir(root, step) if step is not None else None
+    good = None
+    if tracked is not None:
+        try:
+            check_complete(tracked)
+            good = tracked
+        except CheckpointError:
+            pass
+    good = good or newest_verified(root, skip=step)
+    if good is None:
         return (f"the run stopped before its first checkpoint (trainer.save_freq={cfg.trainer.save_freq}); "
                 f"nothing to resume from in {root}")
+    if tracked is not None and good != tracked:  # auto would pick the damaged tracked one
+        return (f"the run stopped; its last checkpoint {tracked} does not verify, the newest that does is {good}: "
+                f"run again with trainer.resume_mode={good} to resume from it")
     how = ("run the same command again to resume from it" if cfg.trainer.resume_mode == "auto" else
            "run again with trainer.resume_mode=auto to resume from it")
-    return f"the run stopped; its last complete checkpoint is {step_dir(root, step)}: {how}"
+    return f"the run stopped; its last complete checkpoint is {good}: {how}"
 
 
 def memory_hint(cfg) -> str:
@@ -277,6 +292,9 @@ def report_stop(cfg, err: BaseException) -> int:
         print("interrupted (Ctrl-C)", file=sys.stderr)
     elif isinstance(err, Terminated):
         print(err, file=sys.stderr)
+    elif isinstance(err, (NonFiniteError, CheckpointSaveError)):  # the run's numbers or disk, not a bug
+        print(f"{'training stopped' if isinstance(err, NonFiniteError) else 'checkpoint error'}: {err}",
+              file=sys.stderr)
     else:
         traceback.print_exception(err)
     print(last_checkpoint_line(cfg), file=sys.stderr)

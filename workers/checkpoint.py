@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
-import numpy as np
 import torch
 
 from hybridflow import device
-from hybridflow.checkpoint_files import ENGINE_META, HF_META_DIR, WORKER_RNG, CheckpointError, write_atomically
+from hybridflow.checkpoint_files import (ENGINE_META, HF_META_DIR, WORKER_RNG, CheckpointError, load_tensors,
+                                         plain_rng_state, set_plain_rng_state, write_atomically)
 from workers.engines.hf_export import copy_tokenizer_files
 
 
@@ -22,8 +21,9 @@ def save_worker_rng(path: str, rank: int, rollout_streams=None) -> None:
     """This rank's RNG: python, numpy and torch (the training stream; on GPU the device's too) and,
     on rollout ranks, the generation stream. vLLM's CPU sampler draws its noise from the
     process's global torch generator, which RNGStreams swaps in for generation, so the generation
-    stream is the whole sampling state: restoring it restores the sampled tokens."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": device.rng_state(),
+    stream is the whole sampling state: restoring it restores the sampled tokens. Plain ints,
+    lists and tensors only: ``load_worker_rng`` reads it with ``weights_only=True``."""
+    state = {**plain_rng_state(), "torch": device.rng_state(),
              "rollout": rollout_streams.state_dict() if rollout_streams is not None else None}
     torch.save(state, os.path.join(path, WORKER_RNG.format(rank=rank)))
 
@@ -32,9 +32,8 @@ def load_worker_rng(path: str, rank: int, rollout_streams=None) -> None:
     file = os.path.join(path, WORKER_RNG.format(rank=rank))
     if not os.path.exists(file):
         raise CheckpointError(f"{file} is missing: the checkpoint was saved by fewer workers or is damaged")
-    state = torch.load(file, weights_only=False)
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    state = load_tensors(file)
+    set_plain_rng_state(state)
     device.set_rng_state(state["torch"])
     if rollout_streams is not None and state["rollout"] is not None:
         rollout_streams.load_state_dict(state["rollout"])

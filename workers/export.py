@@ -65,7 +65,9 @@ def fsdp_tensors(role_dir: str, tied: bool, lora_scalings: dict[str, float]) -> 
     merged into their weights as the engine's own export does."""
     import torch.distributed.checkpoint as dcp
 
-    reader = dcp.FileSystemReader(os.path.join(role_dir, "dcp"))
+    from workers.engines.dcp_reader import SafeLoadPlanner, safe_reader
+
+    reader = safe_reader(os.path.join(role_dir, "dcp"))
     metadata = reader.read_metadata()
     model = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
              for key, meta in metadata.state_dict_metadata.items()
@@ -78,7 +80,7 @@ def fsdp_tensors(role_dir: str, tied: bool, lora_scalings: dict[str, float]) -> 
     state = {"model": model}
     with warnings.catch_warnings():  # it warns that it loads in one process: what no_dist asks for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     for name, tensor in merge_lora(state["model"].items(), lora_scalings):
         if tied and name == "lm_head.weight":  # HF checkpoints of tied models leave the alias out
             continue
@@ -99,7 +101,7 @@ def megatron_tensors(role_dir: str, hf_config, meta: dict) -> Iterator[tuple[str
             file = os.path.join(folder, f"tp{t}_pp{stage}.pt")
             if not os.path.exists(file):
                 raise ExportError(f"{file} is missing: a tp={tp}, pp={pp} checkpoint needs one file per (tp, pp) rank")
-            shards.append(torch.load(file, map_location="cpu", mmap=True, weights_only=False)["model"])
+            shards.append(ckpt.load_tensors(file, map_location="cpu", mmap=True)["model"])
         for spec in param_specs(dims, tp, pp, stage):
             if critic and spec.name == "output_layer.weight":
                 continue

@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any
 
+from hybridflow.checkpoint_files import write_atomically
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -66,8 +68,8 @@ class JsonlLogger:
         self._file.close()
         with open(self.path, encoding="utf-8") as f:
             kept = [line for line in f if line.strip() and _step_of(line) <= step]
-        with open(self.path, "w", encoding="utf-8") as f:
-            f.writelines(kept)
+        # atomically: a kill during an in-place rewrite lost the records of the steps kept
+        write_atomically(self.path, "".join(kept))
         self._read_last_record()
         self._file = open(self.path, "a", encoding="utf-8")
 

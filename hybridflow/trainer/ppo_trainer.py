@@ -23,7 +23,9 @@ from hybridflow.algorithms import (
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home before checkpoint.py)
 from hybridflow.trainer.balance import balanced_order
+from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.reward_process import PendingModelScores, RewardProcess, model_scoring, score_batch
@@ -103,6 +105,7 @@ class PPOTrainer:
                     f"at step {self.global_step}" if self.global_step > self.total_steps else "")
             print(f"nothing to train: resumed at step {self.global_step}, the run's last step{past}", flush=True)
         bar = _progress(self.total_steps, self.global_step, self.progress)
+        save_time = {}
         while self.global_step < self.total_steps:
             batch = DataProto.from_single_dict(self.train_loader.next_batch())
             self.global_step += 1
@@ -111,13 +114,18 @@ class PPOTrainer:
             if self.val_loader is not None and t.test_freq > 0 and (self.global_step % t.test_freq == 0 or last):
                 with timer("testing", metrics):
                     metrics.update(self.validate())
-            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
-                with timer("save_checkpoint", metrics):
-                    self.save_checkpoint()
             metrics["training/global_step"] = self.global_step
             metrics["training/epoch"] = self.train_loader.epoch
+            metrics.update(save_time)  # the previous step's save, which ran after its record was logged
+            # logged before the checkpoint: a kill between the two leaves the record of a step the
+            # resume trains again, which drop_after removes; the other order lost the record
             self.tracker.log(metrics, step=self.global_step)
             history.append({"step": self.global_step, **metrics})
+            stop_if_non_finite(metrics, self.global_step, t.default_local_dir)  # before it is saved
+            save_time = {}
+            if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
+                with timer("save_checkpoint", save_time):
+                    self.save_checkpoint()
             bar.update(1)
             bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
         bar.close()
@@ -329,9 +337,15 @@ class PPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
         """global_step_N/: engines (+ worker RNG) first, trainer state, then the manifest that
-        completes the folder, then the tracker that names it (layout: trainer/checkpoint.py)."""
+        completes the folder, then the tracker that names it (layout: trainer/checkpoint.py). A save
+        that fails (a full disk) removes its partial folder; the tracker still names the previous one."""
         t = self.cfg.trainer
         path = ckpt.start_save(t.default_local_dir, self.global_step)
+        with ckpt.removed_if_unfinished(path):
+            return self._save_into(path)
+
+    def _save_into(self, path: str) -> str:
+        t = self.cfg.trainer
         roles = [("actor", self.actor, self.cfg.actor_rollout_ref.actor.checkpoint)]
         if self.critic is not None:
             roles.append(("critic", self.critic, self.cfg.critic.checkpoint))
@@ -350,6 +364,8 @@ class PPOTrainer:
     def _maybe_resume(self) -> None:
         t = self.cfg.trainer
         found = ckpt.open_resume(t.default_local_dir, t.resume_mode, self.worker_layout())
+        if not t.val_only:  # saves that never finished, past where this run starts, are not checkpoints
+            ckpt.remove_partial(t.default_local_dir, found[1]["global_step"] if found else 0)
         if found is None:
             return
         path, state = found
@@ -376,21 +392,3 @@ def _progress(total: int, initial: int, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc="training", unit="step", disable=not enabled, dynamic_ncols=True)
-
-
-def worker_layout(cfg) -> dict:
-    """What each saved file's rank means: world sizes and parallel sizes per trained role, from the
-    config alone, so a resume into another layout is refused before any worker starts."""
-    from hybridflow.config.derived import derive, model_parallel
-
-    d, arr = derive(cfg), cfg.actor_rollout_ref
-    tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
-    layout = {"actor_rollout_ref": {"world_size": d.actor_world, "strategy": arr.actor.strategy,
-                                    "tp": tp, "pp": pp, "rollout_tp": arr.rollout.tensor_model_parallel_size,
-                                    **ckpt.lora_layout(arr.model)}}
-    if d.use_critic:
-        c = cfg.critic
-        ctp, cpp = model_parallel(c.strategy, c.megatron)
-        layout["critic"] = {"world_size": d.critic_world, "strategy": c.strategy, "tp": ctp, "pp": cpp,
-                              **ckpt.lora_layout(c.model)}
-    return layout

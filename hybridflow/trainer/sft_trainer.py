@@ -67,13 +67,14 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
-        """global_step_N/actor (engine + worker RNG), trainer_state.pt, then the manifest and the
+        """global_step_N/actor (engine + worker RNG), trainer_state.json, then the manifest and the
         tracker, in that order, as in the RL trainer: a crash mid-save leaves the previous one."""
         t = self.cfg.trainer
         path = ckpt.start_save(t.default_local_dir, self.global_step)
-        self.group.save_checkpoint(os.path.join(path, "actor"))
-        return ckpt.finish_save(t.default_local_dir, self.global_step, {"loader": self.train_loader.state_dict()},
-                                self.worker_layout(), t.max_ckpt_to_keep)
+        with ckpt.removed_if_unfinished(path):  # a failed save (a full disk) leaves no partial folder
+            self.group.save_checkpoint(os.path.join(path, "actor"))
+            return ckpt.finish_save(t.default_local_dir, self.global_step, {"loader": self.train_loader.state_dict()},
+                                    self.worker_layout(), t.max_ckpt_to_keep)
 
     def worker_layout(self) -> dict:
         return sft_worker_layout(self.cfg)

@@ -95,7 +95,7 @@ def test_resuming_with_other_data_is_refused_before_ray_and_val_only_ignores_it(
     """A checkpoint whose data loader saw another data set (here: 40 prompts, as with
     data.train_max_samples=40) is refused while reading the inputs, naming the folder; an
     evaluation (trainer.val_only) of the same checkpoint does not need the training data's order."""
-    import torch
+    import json
 
     from hybridflow.trainer import checkpoint as ckpt
     from hybridflow.trainer.ppo_trainer import worker_layout
@@ -107,7 +107,8 @@ def test_resuming_with_other_data_is_refused_before_ray_and_val_only_ignores_it(
     os.makedirs(path)
     loader = {"epoch": 0, "batch_in_epoch": 2, "seed": cfg.data.seed, "batch_size": cfg.data.train_batch_size,
               "dataset_size": 40, "shuffle": cfg.data.shuffle, "drop_last": True}
-    torch.save({"global_step": 2, "loader": loader}, os.path.join(path, ckpt.TRAINER_STATE))
+    ckpt.write_atomically(os.path.join(path, ckpt.TRAINER_STATE),
+                          json.dumps({"global_step": 2, "loader": loader, "rng": ckpt.controller_rng_state()}))
     ckpt.write_manifest(path, 2, worker_layout(cfg))
     ckpt.write_tracker(str(out), 2)
     with pytest.raises(ckpt.CheckpointError, match=r"global_step_2: cannot resume the data loader: checkpoint "
@@ -140,7 +141,7 @@ def test_reward_function_raising_everywhere_stops_the_run_and_names_the_checkpoi
 def test_last_checkpoint_line_names_the_folder_and_how_to_resume(tmp_path):
     from types import SimpleNamespace
 
-    from hybridflow.trainer.checkpoint import write_tracker
+    from hybridflow.trainer.checkpoint import TRAINER_STATE, step_dir, write_atomically, write_manifest, write_tracker
     from recipes.main_ppo import last_checkpoint_line
 
     def cfg(resume_mode="auto"):
@@ -148,6 +149,9 @@ def test_last_checkpoint_line_names_the_folder_and_how_to_resume(tmp_path):
                                                        resume_mode=resume_mode))
 
     assert "before its first checkpoint (trainer.save_freq=2)" in last_checkpoint_line(cfg())
+    os.makedirs(step_dir(str(tmp_path), 4))  # a complete (verifying) checkpoint: the line names only those
+    write_atomically(os.path.join(step_dir(str(tmp_path), 4), TRAINER_STATE), "{}")
+    write_manifest(step_dir(str(tmp_path), 4), 4, {})
     write_tracker(str(tmp_path), 4)
     assert last_checkpoint_line(cfg()) == (f"the run stopped; its last complete checkpoint is "
                                            f"{tmp_path}/global_step_4: run the same command again to resume from it")

@@ -95,7 +95,7 @@ def test_sft_lora_sharded_then_replicated_resume_matches(sft_assets, tmp_path):
     assert ref[4]["train/nll"] < ref[1]["train/nll"]
     assert ref[4]["train/loss"] == ref[4]["train/nll"] and ref[4]["val/loss"] == ref[4]["val/nll"]  # verl's names
     assert ref[2]["val/nll"] > ref[4]["val/nll"]  # validation after each epoch (test_freq=-1)
-    assert sorted(os.listdir(ref_dir / "global_step_4")) == ["actor", "manifest.json", "trainer_state.pt"]
+    assert sorted(os.listdir(ref_dir / "global_step_4")) == ["actor", "manifest.json", "trainer_state.json"]
     initial, trained = hf_weights(sft_assets["model"]), hf_weights(str(ref_dir / "hf"))
     moved = {k for k in initial if not torch.equal(initial[k], trained[k])}
     linear = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -1,6 +1,7 @@
 """Sharded checkpoints of the FSDP engine: model + optimizer through torch.distributed.checkpoint
-(one shard file per rank under ``path/dcp``, reshardable by DCP), and each rank's scheduler and
-RNG state beside it (``path/extra_rank{r}.pt``)."""
+(one shard file per rank under ``path/dcp``, reshardable by DCP, read back with no pickle that could
+run code: ``dcp_reader.py``), and each rank's scheduler and RNG state beside it
+(``path/extra_rank{r}.pt``, tensors and numbers only, loaded with ``weights_only=True``)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,8 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
                                                      set_state_dict)
 
 from hybridflow import device as hf_device
+from hybridflow.checkpoint_files import load_tensors
+from workers.engines.dcp_reader import SafeLoadPlanner, safe_reader
 from workers.engines.optim import load_scheduler_state
 
 
@@ -43,7 +46,7 @@ def check_sharded(path: str, rank: int) -> None:
 
 def load_model_and_optimizer(path: str, model, optimizer) -> None:
     state = _state(model, optimizer)
-    dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
+    dcp.load(state, storage_reader=safe_reader(os.path.join(path, "dcp")), planner=SafeLoadPlanner())
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
@@ -52,7 +55,7 @@ def load_model_and_optimizer(path: str, model, optimizer) -> None:
 
 def load_rank_state(path: str, scheduler, rank: int) -> None:
     """The scheduler's position and the RNG streams, restored after the weights."""
-    extra = torch.load(os.path.join(path, f"extra_rank{rank}.pt"), weights_only=False)
+    extra = load_tensors(os.path.join(path, f"extra_rank{rank}.pt"))
     if scheduler is not None and extra["scheduler"] is not None:
         load_scheduler_state(scheduler, extra["scheduler"])
     hf_device.set_rng_state(extra["rng"])

@@ -18,6 +18,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from hybridflow import device as hf_device
+from hybridflow.checkpoint_files import load_tensors
 from workers.engines.optim import load_scheduler_state
 from workers.models.layout import ModelDims, param_specs
 
@@ -141,8 +142,7 @@ def load_sharded(engine, path: str) -> None:
         raise ValueError(f"checkpoint {path} was saved with tp={saved['tp']}, pp={saved['pp']} but this engine runs "
                          f"tp={engine.tp}, pp={engine.pp}: resume with the same tp/pp, or start from an HF export "
                          "(save_hf) of it")
-    state = torch.load(os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.pp_rank}.pt"),
-                       map_location="cpu", weights_only=False)
+    state = load_tensors(os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.pp_rank}.pt"), map_location="cpu")
     engine.model.load_state_dict(state["model"])
     if engine.optimizer is not None and "optimizer" in state:
         if engine.grads.mixed:
