@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 import hybridflow.device  # noqa: F401  (applies HYBRIDFLOW_CPU_ISA before vLLM's kernels load)
+from hybridflow import shm_names
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions,
                                         AllreduceOptions, BarrierOptions, BroadcastOptions,
                                         ReduceOp, ReduceScatterOptions, _create_work_from_future)
@@ -107,8 +108,9 @@ class SharedMemoryGroup(dist.ProcessGroup):
         hosts = {store.get(f"host/{r}").decode() for r in range(size)}
         if len(hosts) != 1 or not os.path.isdir("/dev/shm"):  # new_group checked the kernels
             return
-        if rank == 0:
-            store.set("shm_name", f"hfshm-{uuid.uuid4().hex[:12]}")
+        if rank == 0:  # the owner in the name lets a later run remove it if this one is killed
+            shm_names.sweep_stale()
+            store.set("shm_name", f"hfshm-{shm_names.owner_tag()}-{uuid.uuid4().hex[:12]}")
         name = store.get("shm_name").decode()
         threads = torch.tensor([torch.get_num_threads()], dtype=torch.int64)
         self._gloo.allreduce([threads], _min_opts()).wait()

@@ -21,6 +21,8 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
+from hybridflow import shm_names
+
 SHM_DIR = "/dev/shm"
 EVERY = -1  # as a destination: one buffer that every other rank of the group reads (a broadcast)
 
@@ -49,8 +51,12 @@ def _shm_writable() -> bool:
 
 
 def _group_token(group) -> str:
-    """A fresh name every rank of ``group`` agrees on (a collective: rank 0's uuid)."""
-    token = [uuid.uuid4().hex if dist.get_rank(group) == 0 else None]
+    """A fresh name every rank of ``group`` agrees on (a collective: rank 0's owner tag and a
+    uuid). Rank 0 first removes the segments that runs killed mid-share left (shm_names.py)."""
+    token = [None]
+    if dist.get_rank(group) == 0:
+        shm_names.sweep_stale(SHM_DIR)
+        token = [f"{shm_names.owner_tag()}-{uuid.uuid4().hex}"]
     dist.broadcast_object_list(token, src=_global_rank(group, 0), group=group)
     return token[0]
 

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from hybridflow.device import device_type
 from hybridflow.model_overrides import apply_overrides, load_hf_config
+from hybridflow import shm_names
 from hybridflow.shm_group import unlink_shm_segment
 from hybridflow.protocol import DataProto
 from workers.rollout.hf_class_guard import give_back_transformers_classes
@@ -85,10 +86,17 @@ def _isolate_cpu_shm_names(engine_ordinal: int) -> None:
     collided with a dead one's segment. Each rank now removes a stale segment of its name before
     creating it (no live world shares the name), and unlinks its own once every rank has joined:
     the mappings stay valid and the memory is freed when the engine's processes exit.
+
+    A rank killed between creating and unlinking leaves its segment: the name carries rank 0's
+    owner tag (a collective, like the engine build), so the next run removes it once that
+    process is gone (hybridflow/shm_names.py), whether or not its CPU has the shared-memory kernels.
     """
     from vllm.distributed.device_communicators import cpu_communicator
 
-    world_id = f"hf{os.environ.get('MASTER_PORT', '0')}e{engine_ordinal}"
+    shm_names.sweep_stale()
+    owner = [shm_names.owner_tag() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(owner, src=0)
+    world_id = f"hf{os.environ.get('MASTER_PORT', '0')}e{engine_ordinal}-{owner[0]}"
 
     def make_group_name(communicator) -> str:
         ranks = "-".join(str(r) for r in communicator.ranks)

@@ -84,15 +84,22 @@ def _rollout_worker(rank, world, tp, models):
 
     from workers.rollout import vllm_rollout
 
+    from hybridflow import shm_names
+
     world_shm = f"/dev/shm/hf{os.environ['MASTER_PORT']}e"
+    # a live owner's segment (this process's tag): the sweep must keep it
+    live_shm = f"/dev/shm/hflive{os.environ['MASTER_PORT']}-{shm_names.owner_tag()}-{rank}"
 
     def plant_stale_shm_segment():
-        """What a killed run with the same port leaves: vLLM's CPU TP all-reduce names its segments
-        after the world and engine, and creating one that exists failed ("errno: 17"). Only the
-        process's first engine creates the TP group; later ones share vLLM's."""
+        """What a run killed (kill -9) while vLLM's CPU TP group was joining leaves: a segment
+        named after the world and engine, owned by a process now gone (start time 1: never a live
+        one's). The engine's start removes it, whether or not this CPU has the shm kernels."""
         if tp == 2 and vllm_rollout._ENGINES_IN_PROCESS == 0 and os.path.isdir("/dev/shm"):
-            with open(f"{world_shm}{vllm_rollout._ENGINES_IN_PROCESS + 1}-tp:0-[0-1]-cpushm_{rank}", "wb") as f:
-                f.write(bytes(64))
+            dead = f"o{os.getpid()}x1"  # this pid, another start time: a reused pid of a dead run
+            ordinal = vllm_rollout._ENGINES_IN_PROCESS + 1
+            for path in (f"{world_shm}{ordinal}-{dead}-tp:0-[0-1]-cpushm_{rank}", live_shm):
+                with open(path, "wb") as f:
+                    f.write(bytes(64))
 
     results, engines = {}, []
     for name, (old_path, new_path, stop_first, eos_first_path) in models.items():
@@ -145,6 +152,8 @@ def _rollout_worker(rank, world, tp, models):
         results[name] = result
         # every rank has unlinked its segments once the group joined them; nothing stays behind
         result["shm_left"] = sorted(glob.glob(f"{world_shm}*"))  # planted or vLLM's
+        result["owner_tag"] = shm_names.owner_tag()
+        result["live_kept"] = os.path.exists(live_shm) if tp == 2 else True
         from vllm.distributed import parallel_state  # the TP group's broadcast ring (TP>1)
 
         ring = getattr(parallel_state.get_tp_group().mq_broadcaster, "buffer", None)
@@ -160,6 +169,8 @@ def _rollout_worker(rank, world, tp, models):
         share = make_prompts(old_path).chunk(dummy.dp_size)[dummy.dp_rank]
         results[DUMMY_MODEL]["dummy"] = {key: _generate(dummy, share, **meta) for key, meta in FIRST_CALLS.items()}
         results[DUMMY_MODEL]["dummy_load_format"] = dummy.llm.llm_engine.vllm_config.load_config.load_format
+    if os.path.exists(live_shm):
+        os.unlink(live_shm)
     return results
 
 
@@ -194,6 +205,12 @@ def _spawned(cache, tp: int, model_name: str):
                                                           greedy, hf.eos_token_ids[0])
             models[name] = (old_path, new_path, int(greedy.batch["responses"][0, 0]), eos_first_path)
         per_rank = run_distributed(_rollout_worker, 2, tp, models, timeout_s=500)
+        # the ranks have exited: no name they own (rank 0's tag) may be left in /dev/shm
+        tags = {r[name]["owner_tag"] for r in per_rank for name in group}
+        left = sorted(n for n in os.listdir("/dev/shm") if any(t in n for t in tags)) if os.path.isdir("/dev/shm") else []
+        for r in per_rank:
+            for name in group:
+                r[name]["shm_left_after_exit"] = left
         cache[(tp, group)] = {name: (models[name], [r[name] for r in per_rank]) for name in group}
     return cache[(tp, group)][model_name]
 
@@ -222,7 +239,8 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
         assert all(r["quiet_syncs"])  # no INFO line per weight sync, even after the engine's build
         assert "tensor_model_parallel_size=3 must divide" in r["errors"]["tp"]
         assert "rollout.prompt_length=12" in r["errors"]["prompt"]
-        assert r["shm_left"] == []  # a stale segment of the engine's name is replaced, its own unlinked
+        assert r["shm_left"] == []  # a dead run's segment is swept, the engine's own unlinked
+        assert r["live_kept"] and r["shm_left_after_exit"] == []
     if tp == 2:  # both ranks of one TP group return the same tokens
         assert (results[0]["sample"]["responses"] == results[1]["sample"]["responses"]).all()
     eos, pad = hf.eos_token_ids, hf.pad_token_id
