@@ -141,6 +141,10 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
         ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
                  (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": worker_env(cfg, cfg.actor_rollout_ref.model.path)})
+        if not cfg.ray_init.address:  # this run's own Ray must not outlive it, even a kill -9 of it
+            from hybridflow.ray_watchdog import guard_local_ray
+
+            guard_local_ray()
     trace = cfg.ray_kwargs.timeline_json_file
     try:  # the trace is written whatever happens after Ray starts, start-up failures included
         previous_sigterm = stop_on_sigterm()

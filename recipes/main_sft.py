@@ -71,6 +71,10 @@ def run(cfg) -> dict:
         ray.init(address=cfg.ray_init.address or "local",
                  num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),
                  include_dashboard=False, runtime_env={"env_vars": worker_env(cfg, cfg.model.path)})
+        if not cfg.ray_init.address:  # this run's own Ray must not outlive it, even a kill -9 of it
+            from hybridflow.ray_watchdog import guard_local_ray
+
+            guard_local_ray()
     previous_sigterm = stop_on_sigterm()
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),

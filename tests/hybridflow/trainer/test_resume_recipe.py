@@ -55,7 +55,15 @@ def _run_and_kill_after_checkpoint(assets, out_dir, *extra: str, step: int, time
             time.sleep(0.1)
     finally:
         family = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-        os.killpg(proc.pid, signal.SIGKILL)  # the recipe, its Ray head and the worker actors
+        # a user's kill -9 hits the driver alone: its Ray instance (head, agents, workers) must not
+        # outlive it (hybridflow/ray_watchdog.py); the group kill below only tidies up after a failure
+        proc.kill()
+        proc.wait()
+        ray_left = _running_after([p for p in family if _is_ray(p)], timeout=30)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the recipe, its Ray head and the worker actors
+        except ProcessLookupError:  # nothing of the group left
+            pass
         for child in family:  # any that left the process group
             try:
                 child.kill()
@@ -64,6 +72,31 @@ def _run_and_kill_after_checkpoint(assets, out_dir, *extra: str, step: int, time
         proc.wait()
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
+    assert not ray_left, f"Ray processes outlived the killed run: {[p.pid for p in ray_left]}"
+
+
+def _is_ray(process: psutil.Process) -> bool:
+    try:
+        return "ray" in " ".join(process.cmdline()).lower()
+    except psutil.Error:  # gone already
+        return False
+
+
+def _running_after(processes: list, timeout: float) -> list:
+    """Those of ``processes`` still running after ``timeout`` s (a zombie waiting for a parent
+    that does not reap it has stopped running)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = []
+        for p in processes:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    running.append(p)
+            except psutil.Error:
+                pass
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.5)
 
 
 def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
@@ -82,7 +115,7 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
 
     _run_and_kill_after_checkpoint(assets, resumed, LOGGERS, step=2)
     assert not (resumed / "global_step_4").exists()
-    assert {"manifest.json", "trainer_state.pt", "actor"} <= set(os.listdir(resumed / "global_step_2"))
+    assert {"manifest.json", "trainer_state.json", "actor"} <= set(os.listdir(resumed / "global_step_2"))
     proc = run_recipe(assets, resumed, *STEPS, LOGGERS)
     assert "resumed from" in proc.stdout + proc.stderr
     got = read_steps(resumed)
@@ -100,8 +133,13 @@ def test_sigkilled_run_resumes_exactly_at_epoch_boundary(tmp_path):
     # the reference's scores are not constant, so the comparison above can tell runs apart
     assert len({round(ref[s]["critic/score/mean"], 6) for s in (1, 2, 3, 4)}) > 1
 
-    # the finished run started again: it says there is nothing to train and its record stays as it was
+    # the finished run started again, its tracker deleted (it restarted from step 0 over its
+    # checkpoints and cut metrics.jsonl): it finds its newest checkpoint that verifies, says there
+    # is nothing to train, and its record stays as it was
+    os.remove(reference / TRACKER)
     again = run_recipe(assets, reference, *STEPS)
+    assert f"has no {TRACKER}: resuming from the newest checkpoint that verifies, {reference}/global_step_4" \
+        in again.stderr
     assert "nothing to train: resumed at step 4, the run's last step" in again.stdout + again.stderr
     assert read_steps(reference) == ref
 
