@@ -44,7 +44,10 @@ def guard_local_ray() -> subprocess.Popen | None:
              for infos in node.all_processes.values() for info in infos if info.process is not None]
     me = f"{os.getpid()}:{_start_time(os.getpid())}"
     session = os.path.realpath(node.get_session_dir_path())
-    return subprocess.Popen([sys.executable, "-m", "hybridflow.ray_watchdog", me, session, *heads],
+    # importable from wherever the driver was started (a script path, another working directory)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.Popen([sys.executable, "-m", "hybridflow.ray_watchdog", me, session, *heads], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
 

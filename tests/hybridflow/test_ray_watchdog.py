@@ -34,8 +34,9 @@ def _ray_processes(session: str) -> list[int]:
 
 @pytest.mark.slow
 def test_nothing_of_a_killed_runs_ray_is_left():
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "RAY_ADDRESS": ""})
+    # started elsewhere than the repository: the watchdog must still find its module
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd="/", stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": ROOT})
     try:
         session = driver.stdout.readline().strip()
         assert session, "the driver did not start Ray"
