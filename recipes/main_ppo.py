@@ -74,13 +74,14 @@ def read_inputs(cfg) -> RunInputs:
     row, key or checkpoint when one of them cannot be used."""
     from hybridflow.data import ResumablePromptLoader, RLPromptDataset
     from hybridflow.rewards import make_reward_manager
-    from hybridflow.tiny import load_tokenizer
+    from hybridflow.config.model_files import load_model_tokenizer
     from hybridflow.trainer.checkpoint import open_resume
     from hybridflow.trainer.ppo_trainer import worker_layout
 
     resume = open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
     data = cfg.data
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    # a folder without tokenizer files is named here, not blamed on data row 0 ("tokenizes to no tokens")
+    tokenizer = load_model_tokenizer("actor_rollout_ref.model", cfg.actor_rollout_ref.model)
     if cfg.actor_rollout_ref.model.custom_chat_template is not None:
         tokenizer.chat_template = cfg.actor_rollout_ref.model.custom_chat_template
     train_ds = RLPromptDataset.from_config(data.train_files, tokenizer, data, data.train_max_samples)

@@ -32,7 +32,7 @@ def run(cfg) -> dict:
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
     from hybridflow.data.loader import ResumablePromptLoader
     from hybridflow.data.sft_dataset import SFTDataset, collate_sft
-    from hybridflow.tiny import load_tokenizer
+    from hybridflow.config.model_files import load_model_tokenizer
     from hybridflow.tracking import Tracker, flatten_config, with_jsonl
     from hybridflow.trainer.sft_trainer import SFTTrainer
     from recipes.worker_env import worker_env
@@ -40,7 +40,7 @@ def run(cfg) -> dict:
     from workers.sft_worker import SFTSettings, SFTWorker
 
     d, t = cfg.data, cfg.trainer
-    tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+    tokenizer = load_model_tokenizer("model", cfg.model)
     kw = dict(prompt_key=d.prompt_key, response_key=d.response_key, max_length=d.max_length,
               apply_chat_template=d.apply_chat_template, truncation=d.truncation,
               messages_key=d.multiturn.messages_key if d.multiturn.enable else None,
@@ -108,8 +108,8 @@ def main(argv=None) -> int:
         print(input_error_line(err), file=sys.stderr)
         return 2
     try:
-        summary = run(cfg)  # reads and checks every data row before Ray starts
-    except DataError as err:
+        summary = run(cfg)  # loads the tokenizer and checks every data row before Ray starts
+    except (DataError, ConfigError) as err:
         print(input_error_line(err), file=sys.stderr)
         return 2
     except (Exception, KeyboardInterrupt, Terminated) as err:  # a dead or failing worker, Ctrl-C, SIGTERM

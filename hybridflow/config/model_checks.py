@@ -3,12 +3,12 @@
 lengths, and ``model.external_lib`` must import. Part of ``validate``."""
 from __future__ import annotations
 
-import json
 import os
 
 from hybridflow.config.derived import (
     critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic, reward_model_external_lib,
 )
+from hybridflow.config.model_files import model_folder_errors, read_json
 from hybridflow.config.root import RootConfig
 from hybridflow.megatron_models import unsupported_reason
 from hybridflow.model_overrides import external_lib_error, override_errors
@@ -20,8 +20,24 @@ def read_model_config(model_path: str) -> dict | None:
     path = os.path.join(model_path, "config.json")
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(path)  # a corrupt one: one line naming it, not a JSON traceback
+
+
+def model_file_errors(cfg: RootConfig) -> list[str]:
+    """Corrupt JSON files and truncated safetensors shards in every model folder the run loads."""
+    folders = [(f"{ARR}.model.path", cfg.actor_rollout_ref.model.path),
+               (f"{ARR}.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path)]
+    if needs_critic(cfg):
+        folders += [("critic.model.path", cfg.critic.model.path),
+                    ("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)]
+    if cfg.reward_model.enable:
+        folders.append(("reward_model.model.path", cfg.reward_model.model.path))
+    seen, errors = set(), []
+    for key, folder in folders:  # a folder named twice (the critic starts from the actor's) is read once
+        if folder and os.path.realpath(folder) not in seen:
+            seen.add(os.path.realpath(folder))
+            errors += model_folder_errors(key, folder)
+    return errors
 
 
 def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: int | None) -> None:

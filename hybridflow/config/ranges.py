@@ -4,6 +4,8 @@ Kept apart from ``validate.py`` because it is a table, not logic: one row per ke
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Callable
 
 from hybridflow.config.common import MegatronConfig, OptimConfig
@@ -45,6 +47,28 @@ def optim_rows(key: str, o: OptimConfig) -> list[Check]:
 def _megatron_rows(key: str, m: MegatronConfig) -> list[Check]:
     return [_row(f"{key}.tensor_model_parallel_size", m.tensor_model_parallel_size, POSITIVE),
             _row(f"{key}.pipeline_model_parallel_size", m.pipeline_model_parallel_size, POSITIVE)]
+
+
+def non_finite_errors(node: Any, key: str = "") -> list[str]:
+    """Every float in the config tree (dataclass fields, lists, dicts such as override_config) must
+    be finite: ``lr=inf`` passes ``> 0`` and trains on NaN, and NaN fails every comparison only where
+    a row happens to check the key. One walk covers keys no row names."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, dict):
+        items = [(str(k), v) for k, v in node.items()]
+    elif isinstance(node, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(node)]
+    elif isinstance(node, float) and not math.isfinite(node):
+        return [f"{key}={node!r} must be a finite number, not inf or nan"]
+    else:
+        return []
+    return [e for name, value in items for e in non_finite_errors(value, _child_key(key, name))]
+
+
+def _child_key(key: str, name: str) -> str:
+    """``critic.optim`` + ``lr`` -> ``critic.optim.lr``; ``critic.optim.betas`` + ``[1]`` -> ``critic.optim.betas[1]``."""
+    return name if not key else f"{key}{name}" if name.startswith("[") else f"{key}.{name}"
 
 
 def range_errors(cfg: RootConfig) -> list[str]:
@@ -136,4 +160,12 @@ def range_errors(cfg: RootConfig) -> list[str]:
     if alg.kl_ctrl.type == "adaptive":  # Ziegler et al. (2019) eq. 2 divides by both
         rows += [_row("algorithm.kl_ctrl.target_kl", alg.kl_ctrl.target_kl, GREATER_THAN_0),
                  _row("algorithm.kl_ctrl.horizon", alg.kl_ctrl.horizon, POSITIVE)]
-    return [f"{key}={value!r} must be {what}" for key, value, ok, what in rows if not ok(value)]
+    return row_errors(rows, non_finite_errors(cfg))
+
+
+def row_errors(rows: list[Check], non_finite: list[str]) -> list[str]:
+    """The non-finite values' messages, then each failing row's; a key named by the first is not
+    repeated (nan also fails its range, but 'must be finite' is the message that says what is wrong)."""
+    named = {e.split("=", 1)[0].split("[", 1)[0] for e in non_finite}  # betas[1] names betas
+    return non_finite + [f"{key}={value!r} must be {what}" for key, value, ok, what in rows
+                         if key not in named and not ok(value)]

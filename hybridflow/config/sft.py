@@ -15,9 +15,11 @@ from hybridflow.config.derived import (LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, 
                                        resolve_param_dtype)
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
-from hybridflow.config.ranges import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, optim_rows
+from hybridflow.config.ranges import (FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, non_finite_errors,
+                                      optim_rows, row_errors)
 from hybridflow.config.trainer import RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
+from hybridflow.config.model_files import model_folder_errors
 from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, hub_id_hint, unknown_name
 from hybridflow.config.verl_keys import lora_strategy_errors
 
@@ -137,9 +139,8 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
             ("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
             ("trainer.init_timeout_s", t.init_timeout_s, GREATER_THAN_0),
             ("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0)]
-    errors = [f"{k}={val!r} must be {rule[1]}" for k, val, rule in rows if not rule[0](val)]
-    errors += [f"{k}={val!r} must be {what}" for k, val, ok, what in optim_rows("optim", cfg.optim)
-               if not ok(val)]
+    errors = row_errors([(k, val, *rule) for k, val, rule in rows] + optim_rows("optim", cfg.optim),
+                        non_finite_errors(cfg))
     names = [("model.strategy", m.strategy, STRATEGIES), ("model.param_dtype", m.param_dtype, PARAM_DTYPES),
              (f"optim.{cfg.optim.schedule_key}", cfg.optim.schedule, LR_SCHEDULERS),
              ("data.truncation", d.truncation, TRUNCATION_MODES), ("trainer.device", t.device, DEVICES)]
@@ -174,8 +175,10 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
                           "data-parallel workers")
     errors = [e for e in errors if e]
     if check_paths:
-        errors += _sft_path_errors(cfg)
-        if model_config is None:
+        # a corrupt config.json is named here, not read below
+        files = model_folder_errors("model.path", m.path) + model_folder_errors("model.tokenizer_path", m.tokenizer_path)
+        errors += _sft_path_errors(cfg) + files
+        if model_config is None and not files:
             model_config = read_model_config(m.path)
     if model_config is not None:
         for name in ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size"):

@@ -25,8 +25,8 @@ from hybridflow.config.verl_keys import (
     checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
 )
 from hybridflow.config.model_checks import (
-    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_shape_errors,
-    override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
+    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_file_errors,
+    model_shape_errors, override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
 )
 from hybridflow.model_overrides import external_lib_error, overridden_dict
 
@@ -62,8 +62,9 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     # imported before the model's config is read: the module may register its model_type
     errors += side_external_lib_errors(cfg)
     if check_paths:
-        errors += path_errors(cfg)
-        if model_config is None:
+        files = model_file_errors(cfg)  # a corrupt config.json is named there, not read below
+        errors += path_errors(cfg) + files
+        if model_config is None and not files:
             model_config = read_model_config(cfg.actor_rollout_ref.model.path)
     if model_config is not None:
         errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
