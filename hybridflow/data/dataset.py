@@ -72,23 +72,24 @@ def _read_parquet(path: str) -> list[dict]:
 def _read_json_rows(path: str, ext: str) -> list[dict]:
     # bytes, decoded line by line, so a non-UTF-8 byte is reported with its line (a BOM is allowed)
     with open(path, "rb") as f:
-        lines = [_utf8_line(path, raw, line_no) for line_no, raw in enumerate(f, start=1)]
-    first = next((line.lstrip()[0] for line in lines if line.strip()), "")
-    if ext == ".json" and first == "[":  # one JSON array of rows, not one row per line
-        try:
-            return json.loads("".join(lines))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno} is not valid JSON ({e.msg})") from None
-    rows = []
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
-                            "jsonl files need one JSON object per line") from None
-    return rows
+        array = ext == ".json" and f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
+        f.seek(0)
+        lines = (_utf8_line(path, raw, line_no) for line_no, raw in enumerate(f, start=1))
+        if array:  # one JSON array of rows, not one row per line
+            try:
+                return json.loads("".join(lines))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {e.lineno} is not valid JSON ({e.msg})") from None
+        rows = []
+        for line_no, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {line_no} is not valid JSON ({e.msg}); "
+                                "jsonl files need one JSON object per line") from None
+        return rows
 
 
 def _utf8_line(path: str, raw: bytes, line_no: int) -> str:
