@@ -67,7 +67,8 @@ def non_finite_errors(node: Any, key: str = "") -> list[str]:
 
 
 def _child_key(key: str, name: str) -> str:
-    """``critic.optim`` + ``lr`` -> ``critic.optim.lr``; ``critic.optim.betas`` + ``[1]`` -> ``critic.optim.betas[1]``."""
+    """``critic.optim`` + ``lr`` -> ``critic.optim.lr``; ``critic.optim.betas`` + ``[1]`` ->
+    ``critic.optim.betas[1]``."""
     return name if not key else f"{key}{name}" if name.startswith("[") else f"{key}.{name}"
 
 

@@ -15,8 +15,8 @@ from hybridflow.config.derived import (LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, 
                                        resolve_param_dtype)
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
-from hybridflow.config.ranges import (FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, non_finite_errors,
-                                      optim_rows, row_errors)
+from hybridflow.config.ranges import (FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE,
+                                      non_finite_errors, optim_rows, row_errors)
 from hybridflow.config.trainer import RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
 from hybridflow.config.model_files import model_folder_errors
@@ -176,7 +176,8 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
     errors = [e for e in errors if e]
     if check_paths:
         # a corrupt config.json is named here, not read below
-        files = model_folder_errors("model.path", m.path) + model_folder_errors("model.tokenizer_path", m.tokenizer_path)
+        files = (model_folder_errors("model.path", m.path)
+                 + model_folder_errors("model.tokenizer_path", m.tokenizer_path))
         errors += _sft_path_errors(cfg) + files
         if model_config is None and not files:
             model_config = read_model_config(m.path)

@@ -101,14 +101,15 @@ def test_validate_names_a_truncated_shard(run_dir):
 
 def test_a_non_utf8_config_json_is_named_wherever_it_is_read(tmp_path):
     (tmp_path / "config.json").write_bytes(b'{"model_type": "qwen\xe9"}')
-    with pytest.raises(ConfigError, match=rf"^{tmp_path}/config.json is not UTF-8 text \(byte 0xe9 at offset 20\): {RESTORE}$"):
+    expected = rf"^{tmp_path}/config.json is not UTF-8 text \(byte 0xe9 at offset 20\): {RESTORE}$"
+    with pytest.raises(ConfigError, match=expected):
         read_model_config(str(tmp_path))
 
 
 def test_sft_validate_names_a_corrupt_config_json(model_dir, tmp_path):
     (model_dir / "config.json").write_text("{")
-    cfg = load_sft_config(compose_config("sft", [f"model.path={model_dir}", f"trainer.default_local_dir={tmp_path}/run"],
-                                         schema=SFTConfig))
+    overrides = [f"model.path={model_dir}", f"trainer.default_local_dir={tmp_path}/run"]
+    cfg = load_sft_config(compose_config("sft", overrides, schema=SFTConfig))
     with pytest.raises(ConfigError) as err:
         validate_sft(cfg)
     assert f"model.path: {model_dir}/config.json is not valid JSON (line 1 column 2: " in str(err.value)
