@@ -1,7 +1,8 @@
 """Smoke tests of ``python -m recipes.main_ppo`` through the real entry point (issue 6).
 
 Each run is a separate process with its own local Ray instance, 2 CPU worker slots, a tiny Qwen2
-policy and a 2-step budget. A run passes when it finished, wrote a loadable HF checkpoint whose
+policy and a 2-step budget. A run's start (Ray, two workers importing vLLM, the engines) costs far
+more than its steps, so each run checks several features at once: the suite stays under 25 minutes. A run passes when it finished, wrote a loadable HF checkpoint whose
 weights moved, logged finite verl-named metrics for every step, and vLLM's sampling log-probs
 agree with the actor's recomputation (the resharding check). Runs that must fail before Ray or
 stop on the way are in test_main_ppo_stops.py.
@@ -94,8 +95,17 @@ def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str
 
 
 @pytest.mark.slow
-def test_grpo_fsdp(recipe_assets, tmp_path):
+def test_grpo_fsdp_in_bf16_where_param_dtype_auto_picks_it(recipe_assets, tmp_path):
+    """GRPO with a sharded actor and a replicated reference, at the default param_dtype=auto on a
+    machine with fast bf16 matmuls (the environment stands in for the probe): the actor (FSDP2
+    mixed precision), its reference and vLLM all compute in bf16, the exported checkpoint holds the
+    fp32 master weights. Also: verl's generation dumps, validation samples, Ray's timeline, and a
+    val_only run of the export that reproduces the last validation."""
+    import torch
+    from safetensors import safe_open
+
     out = str(tmp_path / "run")
+    bf16 = {"HYBRIDFLOW_AUTO_DTYPE": "bf16"}
     result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
         # 2 mini-batches per step: the second is off-policy, so clipping and ppo_kl are exercised
@@ -103,8 +113,16 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
         # a replicated reference next to a sharded actor (auto would replicate both at this size)
         "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",
         "trainer.log_val_generations=3", f"trainer.rollout_data_dir={out}/rollout",
-        f"trainer.validation_data_dir={out}/validation", f"ray_kwargs.timeline_json_file={out}/timeline.json"])
-    metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"))
+        f"trainer.validation_data_dir={out}/validation", f"ray_kwargs.timeline_json_file={out}/timeline.json"],
+        env=bf16)
+    assert "param_dtype=auto -> bf16" in result.stderr, result.stderr[-3000:]
+    # bf16 rounds each probability to ~3 significant digits, and vLLM's kernels round elsewhere
+    # than the trainer's: measured 0.001-0.006 on tiny models, 0.05-0.09 on a 25M one
+    metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"),
+                        probs_diff_tol=0.05)
+    assert metrics[STEPS]["training/rollout_probs_diff_max"] > 1e-5, metrics  # fp32 agrees to ~1e-7
+    with safe_open(os.path.join(out, "hf", "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(name).dtype for name in f.keys()} == {torch.float32}
     assert metrics[1]["actor/ppo_kl"] != 0.0
     # 3 validation samples as text at each validation (before training and at the last step)
     with open(os.path.join(out, "val_generations.jsonl")) as f:
@@ -130,7 +148,8 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
     # trainer.val_only on the exported model: greedy validation reproduces the last one, no training
     evaluation = str(tmp_path / "val_only")
     result = run_main_ppo("grpo", recipe_assets.overrides(evaluation) + [
-        f"actor_rollout_ref.model.path={out}/hf", "trainer.val_only=true", "trainer.val_before_train=false"])
+        f"actor_rollout_ref.model.path={out}/hf", "trainer.val_only=true", "trainer.val_before_train=false"],
+        env=bf16)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "done: validation only, at step 0" in result.stdout
     assert list(_read_metrics(evaluation)) == [0] and not os.path.exists(os.path.join(evaluation, "hf"))
@@ -138,62 +157,30 @@ def test_grpo_fsdp(recipe_assets, tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_in_bf16_where_param_dtype_auto_picks_it(recipe_assets, tmp_path):
-    """The default param_dtype=auto on a machine with fast bf16 matmuls (the environment stands in
-    for the probe): a sharded actor (FSDP2 mixed precision), its reference and vLLM all compute in
-    bf16; the exported checkpoint holds the fp32 master weights."""
-    import torch
-    from safetensors import safe_open
-
-    out = str(tmp_path / "run")
-    result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
-        "actor_rollout_ref.ref.fsdp_config.fsdp_size=-1"], env={"HYBRIDFLOW_AUTO_DTYPE": "bf16"})
-    assert "param_dtype=auto -> bf16" in result.stderr, result.stderr[-3000:]
-    # bf16 rounds each probability to ~3 significant digits, and vLLM's kernels round elsewhere
-    # than the trainer's: measured 0.001-0.006 on tiny models, 0.05-0.09 on a 25M one
-    metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss",), probs_diff_tol=0.05)
-    assert metrics[STEPS]["training/rollout_probs_diff_max"] > 1e-5, metrics  # fp32 agrees to ~1e-7
-    with safe_open(os.path.join(out, "hf", "model.safetensors"), "pt") as f:
-        assert {f.get_tensor(name).dtype for name in f.keys()} == {torch.float32}
-
-
-@pytest.mark.slow
-def test_grpo_megatron_tp2_with_reward_model(recipe_assets, tmp_path):
-    """Megatron TP=2 training, vLLM TP=2 generation (weights resharded between them), and the
-    scores from the sequence-classification reward model instead of a function."""
-    out = str(tmp_path / "run")
-    result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "reward_model.enable=True", f"reward_model.model.path={recipe_assets.reward_model}"])
-    metrics = check_run(result, out, recipe_assets.model, extra_metrics=("critic/rm_score/mean",))
-    # the RM's scores are the rewards (the digit-fraction function would give values in [0, 1])
-    assert metrics[1]["critic/score/mean"] == pytest.approx(metrics[1]["critic/rm_score/mean"], abs=1e-5)
-
-
-@pytest.mark.slow
-def test_ppo_with_critic_gae(recipe_assets, tmp_path):
-    """Also: actor and critic in the replicated layout (fsdp_size=1: DDP, no sharding); the
-    actor's weights reach vLLM by a local copy; one critic warm-up step (trainer.critic_warmup);
-    verl's deprecated global critic.ppo_micro_batch_size (4 over 2 workers: 2 per worker); the
-    step-2 checkpoint holds the value model as an HF checkpoint (checkpoint.save_contents hf_model)."""
+def test_ppo_with_critic_gae_megatron_tp2_actor_and_reward_model(recipe_assets, tmp_path):
+    """PPO with a critic: the actor trains with Megatron TP=2 and generates with vLLM TP=2 (weights
+    resharded between them); the scores come from the sequence-classification reward model
+    instead of a function; the critic in the replicated layout (fsdp_size=1: DDP, no sharding);
+    one critic warm-up step (trainer.critic_warmup); verl's deprecated global
+    critic.ppo_micro_batch_size (4 over 2 workers: 2 per worker); the step-2 checkpoint holds the
+    value model as an HF checkpoint (checkpoint.save_contents hf_model)."""
     from transformers import AutoModelForTokenClassification
 
     out = str(tmp_path / "run")
     result = run_main_ppo("ppo", recipe_assets.overrides(out) + [
         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size=4",
-        "actor_rollout_ref.actor.fsdp_config.fsdp_size=1", "critic.model.fsdp_config.fsdp_size=1",
-        "trainer.critic_warmup=1", "trainer.save_freq=2",
+        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "reward_model.enable=True", f"reward_model.model.path={recipe_assets.reward_model}",
+        "critic.model.fsdp_config.fsdp_size=1", "trainer.critic_warmup=1", "trainer.save_freq=2",
         "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
     assert "critic.ppo_micro_batch_size=4 is deprecated (verl): using critic.ppo_micro_batch_size_per_gpu=2" in result.stderr
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean",
-                                       "critic/vf_explained_var"), critic_warmup=1)
+                                       "critic/vf_explained_var", "critic/rm_score/mean"), critic_warmup=1)
+    # the RM's scores are the rewards (the digit-fraction function would give values in [0, 1])
+    assert metrics[1]["critic/score/mean"] == pytest.approx(metrics[1]["critic/rm_score/mean"], abs=1e-5)
     # GAE advantages are whitened over the batch (mean 0), unlike GRPO's per-group ones
     assert abs(metrics[1]["critic/advantages/mean"]) < 1e-4
     value_model = AutoModelForTokenClassification.from_pretrained(f"{out}/global_step_2/critic/huggingface")

@@ -28,18 +28,43 @@ CONFIG_ERRORS = [
 ]
 
 
-@pytest.mark.slow
+def _one_line_before_ray(code: int, err: str, out: str, label: str, text: str) -> None:
+    """Exit 2, exactly one ``label:`` line holding ``text``, no traceback, no Ray, no run folder."""
+    import sys
+
+    assert code == 2, f"exit {code}\n{err[-3000:]}"
+    lines = [line for line in err.splitlines() if line.startswith(f"{label}:")]
+    assert len(lines) == 1 and text in lines[0], err[-3000:]
+    assert "Traceback" not in err and "Ray" not in err and not os.path.exists(out), err[-3000:]
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized(), "Ray started before the input was checked"
+
+
 @pytest.mark.parametrize("override,key", CONFIG_ERRORS, ids=[o.split("=")[0] for o, _ in CONFIG_ERRORS])
-def test_config_error_exits_before_ray(recipe_assets, tmp_path, override, key):
+def test_config_error_exits_before_ray(recipe_assets, tmp_path, capsys, override, key):
+    """``main()`` in this process (the checks are the same code as the command's; a case that got
+    past them would start Ray here, and the assertion says so). The command itself, timed, is
+    test_the_command_fails_on_a_config_error_in_seconds."""
+    from recipes.main_ppo import main
+
+    out = str(tmp_path / "run")
+    code = main(["--config-name", "grpo", *recipe_assets.overrides(out), "data.train_batch_size=4",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=2", override])
+    _one_line_before_ray(code, capsys.readouterr().err, out, "config error", key)
+
+
+@pytest.mark.slow
+def test_the_command_fails_on_a_config_error_in_seconds(recipe_assets, tmp_path):
+    """``python -m recipes.main_ppo`` as a user runs it: nothing heavy (Ray, vLLM, a model) starts
+    before the config is checked. The external_lib case also shows the import happens in the
+    driver before the model's config is read."""
+    override, key = CONFIG_ERRORS[-1]
     out = str(tmp_path / "run")
     t0 = time.perf_counter()
     result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", override], timeout=120)
     elapsed = time.perf_counter() - t0
-    assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
-    lines = [line for line in result.stderr.splitlines() if line.startswith("config error:")]
-    assert len(lines) == 1 and key in lines[0], result.stderr[-3000:]
-    assert "Ray" not in result.stderr and not os.path.exists(out), result.stderr[-3000:]
+    _one_line_before_ray(result.returncode, result.stderr, out, "config error", key)
     assert elapsed < 25, f"config error took {elapsed:.1f}s: did something heavy start first?"
 
 
@@ -68,11 +93,12 @@ def test_a_data_source_without_a_built_in_reward_is_named_before_ray(tmp_path):
         _check_built_in_rewards(SimpleNamespace(reward_fn_key="data_source"), None, ds)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", ["bad_row", "reward_name", "batch_over_data"])
-def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, case):
+def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, capsys, case):
     """Inputs that only reading them can check (a data row, the reward function's name, the data
     set's size) fail like config errors: exit 2, one line naming the file/row/key, no Ray."""
+    from recipes.main_ppo import main
+
     out = str(tmp_path / "run")
     extra, label, text = {
         "bad_row": ([f"data.train_files=[{_jsonl_with_a_row_missing_its_prompt(tmp_path / 'bad.jsonl')}]"],
@@ -82,13 +108,10 @@ def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, case)
         "batch_over_data": (["data.train_batch_size=128", "actor_rollout_ref.actor.ppo_mini_batch_size=128"],
                             "data error", "fewer than one batch of 128: lower data.train_batch_size"),
     }[case]
-    result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
-        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra], timeout=180)
-    assert result.returncode == 2, f"exit {result.returncode}\n{result.stderr[-3000:]}"
-    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{label}:")]
-    assert len(lines) == 1 and text in lines[0], result.stderr[-3000:]
-    assert "Traceback" not in result.stderr and "Ray" not in result.stderr and not os.path.exists(out)
+    code = main(["--config-name", "grpo", *recipe_assets.overrides(out), "data.train_batch_size=4",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra])
+    _one_line_before_ray(code, capsys.readouterr().err, out, label, text)
 
 
 def test_resuming_with_other_data_is_refused_before_ray_and_val_only_ignores_it(recipe_assets, tmp_path):
