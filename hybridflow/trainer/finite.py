@@ -30,17 +30,22 @@ def first_non_finite(metrics: dict) -> tuple[str, float] | None:
     return None
 
 
-def non_finite_message(step: int, key: str, value: float, newest_good: str | None) -> str:
+# the key a user lowers when training diverges; SFT's config has its optimizer at the top level
+PPO_LR_KEY = "actor_rollout_ref.actor.optim.lr"
+
+
+def non_finite_message(step: int, key: str, value: float, newest_good: str | None,
+                       lr_key: str = PPO_LR_KEY) -> str:
     where = (f"the newest checkpoint that verifies is {newest_good}" if newest_good
              else "no checkpoint was saved before it")
     return (f"step {step}: {key} is {value} (training diverged or the weights are damaged); the run stopped "
             f"without saving this step, and {where}: resume from it with a lower learning rate "
-            "(actor_rollout_ref.actor.optim.lr) or check the data and the reward function")
+            f"({lr_key}) or check the data and the reward function")
 
 
-def stop_if_non_finite(metrics: dict, step: int, root: str) -> None:
+def stop_if_non_finite(metrics: dict, step: int, root: str, lr_key: str = PPO_LR_KEY) -> None:
     """Raise NonFiniteError when a watched metric of ``step`` is NaN/inf; called after the step's
     record is logged (it shows what went wrong, and a resume drops it) and before it is saved."""
     bad = first_non_finite(metrics)
     if bad is not None:
-        raise NonFiniteError(non_finite_message(step, *bad, newest_verified(root)))
+        raise NonFiniteError(non_finite_message(step, *bad, newest_verified(root), lr_key=lr_key))

@@ -10,6 +10,7 @@ import time
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.finite import stop_if_non_finite
 
 
 class SFTTrainer:
@@ -31,6 +32,7 @@ class SFTTrainer:
         history = []
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="sft", unit="step",
                    disable=not self.progress, dynamic_ncols=True)
+        save_time = {}
         while self.global_step < self.total_steps:
             batch = DataProto.from_single_dict(self.train_loader.next_batch())
             self.global_step += 1
@@ -45,12 +47,18 @@ class SFTTrainer:
             due = self.global_step % t.test_freq == 0 if t.test_freq > 0 else epoch_done
             if self.val_loader is not None and (due or last):
                 metrics.update(self.validate())
+            metrics.update(save_time)  # the previous step's save, which ran after its record was logged
+            # logged before the checkpoint, as in the RL trainer: a kill between the two leaves a
+            # record the resume trains again (drop_after removes it); the other order lost it
+            self.tracker.log(metrics, step=self.global_step)
+            history.append({"step": self.global_step, **metrics})
+            # a NaN/inf loss or grad_norm stops here: saving it would put NaN in every later checkpoint
+            stop_if_non_finite(metrics, self.global_step, t.default_local_dir, lr_key="optim.lr")
+            save_time = {}
             if t.save_freq > 0 and (self.global_step % t.save_freq == 0 or last):
                 t0 = time.perf_counter()
                 self.save_checkpoint()
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
-            self.tracker.log(metrics, step=self.global_step)
-            history.append({"step": self.global_step, **metrics})
+                save_time = {"timing_s/save_checkpoint": time.perf_counter() - t0}
             bar.update(1)
             bar.set_postfix(nll=f"{metrics.get('train/nll', float('nan')):.3f}")
         bar.close()
