@@ -168,16 +168,19 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
             plot = plot_metrics(os.path.join(t.default_local_dir, METRICS_FILE),
                                 os.path.join(t.default_local_dir, "reward_curve.png"))
         finally:
-            tracker.finish()
-            trace = write_ray_timeline(trace)  # before the actors go: their last events go with them
-            trainer.close()
-            for group in {id(g._actors[0]): g for g in groups.values()}.values():
-                group.shutdown()
-            for pool in pools:
-                pool.release()
-            restore_sigterm(previous_sigterm)
+            try:
+                tracker.finish()
+                trace = write_ray_timeline(trace)  # before the actors go: their last events go with them
+            finally:  # a failing tracker must not leave the reward function's child processes behind
+                trainer.close()
+                for group in {id(g._actors[0]): g for g in groups.values()}.values():
+                    group.shutdown()
+                for pool in pools:
+                    pool.release()
+                restore_sigterm(previous_sigterm)
         return {"history": history, "hf_dir": hf_dir, "plot": plot, "steps": trainer.global_step}
     finally:
+        reward.close()  # its scoring child, also where the run failed before trainer.close() (idempotent)
         write_ray_timeline(trace)
 
 

@@ -269,8 +269,12 @@ class PPOTrainer:
         return score_batch(self.tokenizer, self.reward_manager, batch)
 
     def close(self) -> None:
+        """Stop the reward function's child processes (custom_reward_function.timeout_s): the reward
+        process's and this one's (inline and validation scoring); else they outlive the run's end."""
         if self.reward_process is not None:
             self.reward_process.shutdown()
+        if hasattr(self.reward_manager, "close"):
+            self.reward_manager.close()
 
     def compute_advantages(self, batch: DataProto, baselines, metrics: dict) -> None:
         algo, b = self.cfg.algorithm, batch.batch

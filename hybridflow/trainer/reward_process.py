@@ -18,6 +18,9 @@ holds its group call's future.
 """
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 from hybridflow.protocol import DataProto
@@ -64,6 +67,19 @@ class RewardScorer:
     def score(self, batch: DataProto) -> tuple:
         return score_batch(self.tokenizer, self.reward_manager, batch)
 
+    def where(self) -> tuple:
+        """(host, pid, start time): lets the driver find this process's scoring child (see shutdown)."""
+        import socket
+
+        import psutil
+
+        return socket.gethostname(), os.getpid(), psutil.Process().create_time()
+
+    def close(self) -> None:
+        close = getattr(self.reward_manager, "close", None)
+        if close is not None:
+            close()
+
 
 class PendingScores:
     """What :meth:`RewardProcess.submit` returns; ``result()`` waits for the scores."""
@@ -103,11 +119,59 @@ class RewardProcess:
 
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(RewardScorer)
         self._actor = actor_cls.remote(tokenizer, reward_manager)
+        # asked before any scoring call, so answered as soon as the actor starts, never behind one
+        self._where = self._actor.where.remote()
 
     def submit(self, batch: DataProto) -> PendingScores:
         return PendingScores(self._actor.score.remote(batch))
 
     def shutdown(self) -> None:
+        """Stop the scoring child (custom_reward_function.timeout_s), then the actor. ray.kill alone
+        left the child running until its watcher saw its parent gone (up to a second; longer on a
+        loaded machine), or for good where the watcher thread never ran (a call stuck in C)."""
         import ray
 
+        try:
+            if not _kill_children_here(*ray.get(self._where, timeout=10)):
+                # the actor is on another node: it stops its child itself, if it is not busy scoring;
+                # if it is, its child follows it within a second of the kill below
+                ray.get(self._actor.close.remote(), timeout=5)
+        except (ray.exceptions.RayError, TimeoutError):  # dead or busy: the kill below is what is left
+            pass
         ray.kill(self._actor)
+
+
+def _kill_children_here(host: str, pid: int, started: float) -> bool:
+    """SIGKILL the processes started by ``pid`` (the reward actor) and wait for them to end; False
+    where that process is on another host. The start time guards against a reused pid."""
+    import socket
+
+    import psutil
+
+    if host != socket.gethostname():
+        return False
+    try:
+        actor = psutil.Process(pid)
+        children = actor.children(recursive=True) if actor.create_time() == started else []
+    except psutil.NoSuchProcess:  # the actor is gone, and its child followed it (or will, in a second)
+        return True
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    # a zombie counts as ended (the actor reaps it, or init does once ray.kill ends the actor);
+    # psutil.wait_procs would wait out its timeout on one, as it is not this process's child
+    deadline = time.monotonic() + 5
+    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return True
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

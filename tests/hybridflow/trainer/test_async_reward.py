@@ -44,7 +44,7 @@ class SampleNumberingActor(FakeActor):
         return out
 
 
-def _trainer(tmp_path, ground_truth="y", *overrides):
+def _trainer(tmp_path, ground_truth="y", *overrides, timeout_s=None):
     from hybridflow.config import compose_config, load_config
     from hybridflow.trainer.ppo_trainer import PPOTrainer
 
@@ -55,7 +55,7 @@ def _trainer(tmp_path, ground_truth="y", *overrides):
     rows = [{"input_ids": torch.full((PROMPT,), DIGIT0 + i), "attention_mask": torch.ones(PROMPT, dtype=torch.long),
              "position_ids": torch.arange(PROMPT), "data_source": "x", "ground_truth": ground_truth}
             for i in range(4)]
-    reward = make_reward_manager(str(tmp_path / "reward.py"))
+    reward = make_reward_manager(str(tmp_path / "reward.py"), timeout_s=timeout_s)
     return PPOTrainer(cfg, {"actor_rollout_ref": SampleNumberingActor()}, make_char_tokenizer(),
                       ResumablePromptLoader(rows, 4, shuffle=False), None, reward, None, progress=False)
 
@@ -101,3 +101,35 @@ def test_without_the_key_or_with_dynamic_sampling_the_scores_are_on_the_batch_at
         assert pending is None
         assert batch.batch["token_level_scores"][:, -1].tolist() == [0, 1, 10, 11, 20, 21, 30, 31]
         assert {e["pid"] for e in take_carried(batch)["extras"]} == {os.getpid()}  # scored by the driver
+
+
+def _ended(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE  # killed; its parent (or init) has yet to reap it
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("in_reward_process", [False, True], ids=["inline", "reward_process"])
+def test_close_ends_the_reward_functions_child_process(tmp_path, request, in_reward_process):
+    """custom_reward_function.timeout_s scores in a child process; close() (the recipe's finally)
+    stops it at once: before, it ran on until its pipe closed or its watcher saw its parent gone."""
+    import psutil
+
+    if in_reward_process:
+        request.getfixturevalue("ray_cluster")
+    overrides = ["reward_model.launch_reward_fn_async=true"] if in_reward_process else []
+    trainer = _trainer(tmp_path, "y", *overrides, timeout_s=30)
+    try:
+        batch, _, _, pending = trainer._rollout(DataProto.from_single_dict(trainer.train_loader.next_batch()), {})
+        if pending is not None:
+            trainer._apply_scores(batch, pending.result(), {})
+        pids = {e["pid"] for e in take_carried(batch)["extras"]}
+        assert len(pids) == 1 and os.getpid() not in pids  # scored in a child, not in the driver
+        child = psutil.Process(pids.pop())
+        assert not _ended(child) and (child.ppid() == os.getpid()) != in_reward_process
+    finally:
+        trainer.close()
+    assert _ended(child)
