@@ -152,6 +152,8 @@ def test_reward_function_raising_everywhere_stops_the_run_and_names_the_checkpoi
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", f"custom_reward_function.path={broken}",
         "trainer.val_before_train=false",
+        # the stop does not depend on the generation backend: transformers' starts faster than vLLM
+        "actor_rollout_ref.rollout.name=hf",
         "reward_model.launch_reward_fn_async=true"])  # raised in the reward process: the same one line
     assert result.returncode == 1, result.stderr[-3000:]
     ours = [line for line in result.stderr.splitlines() if line.startswith(("reward function error:", "the run stopped"))]
@@ -261,6 +263,7 @@ def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_
     overrides += [f"custom_reward_function.path={slow_reward}",
                   "trainer.total_training_steps=1000", "trainer.save_freq=1", "trainer.test_freq=-1",
                   "trainer.val_before_train=false", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+                  "actor_rollout_ref.rollout.name=hf",  # transformers' generation starts faster than vLLM
                   "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(tmp_path / "stderr.txt", "w") as err_file:
