@@ -74,11 +74,17 @@ def read_inputs(cfg) -> RunInputs:
     row, key or checkpoint when one of them cannot be used."""
     from hybridflow.data import ResumablePromptLoader, RLPromptDataset
     from hybridflow.rewards import make_reward_manager
+    from hybridflow.config.model_checks import weightless_model_error
     from hybridflow.config.model_files import load_model_tokenizer
     from hybridflow.trainer.checkpoint import open_resume
     from hybridflow.trainer.ppo_trainer import worker_layout
 
     resume = open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
+    # a folder without weight files passed validate() (it checks layouts against config.json alone)
+    # and failed a minute later inside a worker
+    weightless = weightless_model_error(cfg)
+    if weightless:
+        raise ConfigError(weightless)
     data = cfg.data
     # a folder without tokenizer files is named here, not blamed on data row 0 ("tokenizes to no tokens")
     tokenizer = load_model_tokenizer("actor_rollout_ref.model", cfg.actor_rollout_ref.model)

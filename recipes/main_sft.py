@@ -6,6 +6,7 @@ import sys
 
 from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
 from hybridflow.config.derived import lora_kwargs, offload_kwargs
+from hybridflow.config.model_files import weights_error
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
@@ -18,6 +19,11 @@ def load_and_validate(argv):
     name, overrides = split_cli_args(argv, "sft")
     cfg = ray_address_from_env(load_sft_config(compose_config(name, overrides, schema=SFTConfig)))
     validate_sft(cfg, available_slots=available_slots(cfg))
+    # not part of validate_sft, which checks layouts against config.json alone (as its tests do):
+    # a folder without weight files failed a minute later inside a worker
+    weightless = weights_error("model.path", cfg.model.path)
+    if weightless:
+        raise ConfigError(weightless)
     # the checkpoint to resume from is complete and saved with this layout, before Ray starts
     open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, sft_worker_layout(cfg))
     return cfg

@@ -8,7 +8,7 @@ import os
 from hybridflow.config.derived import (
     critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic, reward_model_external_lib,
 )
-from hybridflow.config.model_files import model_folder_errors, read_json
+from hybridflow.config.model_files import model_folder_errors, read_json, weights_error
 from hybridflow.config.root import RootConfig
 from hybridflow.megatron_models import unsupported_reason
 from hybridflow.model_overrides import external_lib_error, override_errors
@@ -23,8 +23,9 @@ def read_model_config(model_path: str) -> dict | None:
     return read_json(path)  # a corrupt one: one line naming it, not a JSON traceback
 
 
-def model_file_errors(cfg: RootConfig) -> list[str]:
-    """Corrupt JSON files and truncated safetensors shards in every model folder the run loads."""
+def model_folders(cfg: RootConfig) -> list[tuple[str, str | None]]:
+    """(key, folder) of every model folder the run loads: the actor's (also the reference's), the
+    critic's when it trains one, the reward model's when it is on, and their tokenizer folders."""
     folders = [(f"{ARR}.model.path", cfg.actor_rollout_ref.model.path),
                (f"{ARR}.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path)]
     if needs_critic(cfg):
@@ -32,8 +33,20 @@ def model_file_errors(cfg: RootConfig) -> list[str]:
                     ("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)]
     if cfg.reward_model.enable:
         folders.append(("reward_model.model.path", cfg.reward_model.model.path))
+    return folders
+
+
+def weightless_model_error(cfg: RootConfig) -> str | None:
+    """The first model folder the run loads weights from that holds none (see weights_error); the
+    recipe checks this before Ray, not validate()."""
+    return next((e for key, folder in model_folders(cfg) if key.endswith(".model.path")
+                 for e in [weights_error(key, folder)] if e), None)
+
+
+def model_file_errors(cfg: RootConfig) -> list[str]:
+    """Corrupt JSON files and truncated safetensors shards in every model folder the run loads."""
     seen, errors = set(), []
-    for key, folder in folders:  # a folder named twice (the critic starts from the actor's) is read once
+    for key, folder in model_folders(cfg):  # a folder named twice (the critic starts from the actor's) is read once
         if folder and os.path.realpath(folder) not in seen:
             seen.add(os.path.realpath(folder))
             errors += model_folder_errors(key, folder)

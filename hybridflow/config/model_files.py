@@ -105,6 +105,41 @@ def model_folder_errors(key: str, folder: str | None) -> list[str]:
     return [f"{key}: {e}" for e in json_errors(folder) + weight_errors(folder)]
 
 
+# What the engines load weights from: transformers' from_pretrained (FSDP, the reward model) and
+# workers/models/convert.py (Megatron) read safetensors shards or pytorch_model*.bin files
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+# files of this trainer's checkpoints (and of torch DCP / Megatron dist-checkpointing): such a folder
+# holds sharded training state, which the engines do not start from; export it to a model first
+CHECKPOINT_MARKERS = ("engine.json", "manifest.json", "latest_checkpointed_iteration.txt", ".metadata",
+                      "*.distcp", "global_step_*")
+
+
+def weights_error(key: str, folder: str | None) -> str | None:
+    """Why the model folder ``key`` names holds no weights to start from, or None. Checked where a
+    recipe loads weights (its entry point), not by ``validate``: layouts are checked against
+    config.json alone, and tests do that with folders holding only config.json."""
+    if not folder or not os.path.isdir(folder) or any(glob.glob(os.path.join(folder, p)) for p in WEIGHT_FILES):
+        return None  # a missing folder is path_errors' to name
+    what = f"{key}: {folder} has no weights (no {', '.join(WEIGHT_FILES)} file)"
+    checkpoint = _training_checkpoint(folder)
+    if checkpoint:
+        return (f"{what}: it belongs to a training checkpoint ({checkpoint}), not a model: export one with "
+                f"python scripts/export_hf.py {checkpoint} <out_dir> and set {key}=<out_dir>")
+    return (f"{what}: point {key} at an HF model folder (save_pretrained writes model.safetensors), or "
+            f"{RESTORE}")
+
+
+def _training_checkpoint(folder: str) -> str | None:
+    """The folder, or the one or two above it (``actor/huggingface`` holds config.json and the
+    tokenizer of a checkpoint, without weights), that holds checkpoint files; None if none does."""
+    up = os.path.abspath(folder)
+    for _ in range(3):
+        if any(glob.glob(os.path.join(up, marker)) for marker in CHECKPOINT_MARKERS):
+            return up
+        up = os.path.dirname(up)
+    return None
+
+
 def tokenizer_files_error(key: str, folder: str) -> str | None:
     if any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES):
         return None

@@ -150,3 +150,48 @@ def test_a_non_finite_learning_rate_is_refused_by_both(assets, tmp_path, capsys,
                     f"actor_rollout_ref.actor.optim.lr={value} must be a finite number, not inf or nan")
     one_line_exit_2(main_sft.main, sft_args(assets, tmp_path, **{"optim.lr": value}), capsys, tmp_path,
                     "config error", f"optim.lr={value} must be a finite number, not inf or nan")
+
+
+def weightless(tmp_path, model: str, name: str = "weightless", **config) -> str:
+    """A copy of ``model`` without its weight file (config.json and the tokenizer stay): validate()
+    passes it, and before, the run failed a minute later in a worker."""
+    folder = tmp_path / name
+    shutil.copytree(model, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    if config:
+        (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
+                                                        **config}))
+    return str(folder)
+
+
+NO_WEIGHTS = "has no weights (no *.safetensors, pytorch_model*.bin file): point {key} at an HF model folder"
+RM_CONFIG = {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1, "id2label": {"0": "LABEL_0"}}
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path"])
+def test_ppo_model_folder_without_weights(assets, tmp_path, capsys, key):
+    folder = weightless(tmp_path, assets["model"], **(RM_CONFIG if key.startswith("reward") else {}))
+    extra = {"reward_model.enable": "true"} if key.startswith("reward") else {}
+    argv = ppo_args(assets, tmp_path, **{key: folder}, **extra)
+    if key.startswith("critic"):
+        argv[1] = "ppo"  # a run that trains a critic
+    one_line_exit_2(main_ppo.main, argv, capsys, tmp_path, "config error",
+                    f"{key}: {folder} " + NO_WEIGHTS.format(key=key))
+
+
+def test_sft_model_folder_without_weights(assets, tmp_path, capsys):
+    folder = weightless(tmp_path, assets["model"])
+    one_line_exit_2(main_sft.main, sft_args(assets, tmp_path, **{"model.path": folder}), capsys, tmp_path,
+                    "config error", f"model.path: {folder} " + NO_WEIGHTS.format(key="model.path"))
+
+
+def test_a_checkpoints_model_metadata_is_not_a_model_path(assets, tmp_path, capsys):
+    """global_step_N/actor/huggingface holds config.json and the tokenizer of an FSDP or Megatron
+    checkpoint, not its weights: the line says how to export them."""
+    step = tmp_path / "ckpt" / "global_step_2"
+    folder = weightless(step / "actor", assets["model"], name="huggingface")
+    (step / "actor" / "engine.json").write_text("{}")
+    key = "actor_rollout_ref.model.path"
+    one_line_exit_2(main_ppo.main, ppo_args(assets, tmp_path, **{key: folder}), capsys, tmp_path, "config error",
+                    f"{key}: {folder} has no weights (no *.safetensors, pytorch_model*.bin file): it belongs to a "
+                    f"training checkpoint ({step / 'actor'}), not a model: export one with python "
+                    f"scripts/export_hf.py {step / 'actor'} <out_dir> and set {key}=<out_dir>")
