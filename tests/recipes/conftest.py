@@ -70,3 +70,21 @@ def run_main_ppo(config_name: str, overrides: list[str], timeout: float = 420,
     env.pop("HYBRIDFLOW_PROGRESS", None)
     return subprocess.run([sys.executable, "-m", "recipes.main_ppo", "--config-name", config_name, *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def ray_starts(monkeypatch) -> list:
+    """The calls the code under test made to ``ray.init``, each refused (a check that must end
+    before Ray fails loudly instead of starting it). ``ray.is_initialized`` answers False: the
+    session's shared Ray instance may be up, and main_ppo would join it instead of starting one."""
+    import ray
+
+    calls: list = []
+
+    def refuse(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise RuntimeError("ray.init called before the input was checked")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    return calls

@@ -4,13 +4,12 @@ line naming the file or key and the fix. Before, these ended in tracebacks (exit
 failed in a worker a minute later (a truncated model.safetensors), or were reported as something
 else (a folder without tokenizer files as data row 0, an empty file as "filtered to
 max_prompt_length"). ``main()`` runs in this process: a case that got past the checks would start
-Ray here, and the test says so."""
+Ray here; the ray_starts fixture refuses that and the test says so."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import sys
 
 import pytest
 
@@ -97,15 +96,14 @@ def sft_args(assets, tmp_path, **replace) -> list[str]:
     return [f"{k}={v}" for k, v in keys.items()]
 
 
-def one_line_exit_2(main, argv, capsys, tmp_path, label: str, text: str) -> None:
+def one_line_exit_2(main, argv, capsys, tmp_path, label: str, text: str, ray_starts: list) -> None:
     code = main(argv)
     err = capsys.readouterr().err
+    assert not ray_starts, "Ray started before the input was checked"
     ours = [line for line in err.splitlines() if line.startswith(f"{label}:")]
     assert code == 2, f"exit {code}\n{err[-3000:]}"
     assert len(ours) == 1 and text in ours[0], err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized(), "Ray started before the input was checked"
     assert not os.path.exists(tmp_path / "run")
 
 
@@ -115,41 +113,41 @@ SFT_ROW = {"prompt": "1+1=", "response": "2"}
 
 
 @pytest.mark.parametrize("damage", DATA_CASES)
-def test_ppo_bad_data_file(assets, tmp_path, capsys, damage):
+def test_ppo_bad_data_file(assets, tmp_path, capsys, ray_starts, damage):
     path = damaged_data(tmp_path, damage, PPO_ROW)
     one_line_exit_2(main_ppo.main, ppo_args(assets, tmp_path, **{"data.train_files": f"[{path}]"}), capsys,
-                    tmp_path, "data error", DATA_CASES[damage])
+                    tmp_path, "data error", DATA_CASES[damage], ray_starts)
 
 
 @pytest.mark.parametrize("damage", DATA_CASES)
-def test_sft_bad_data_file(assets, tmp_path, capsys, damage):
+def test_sft_bad_data_file(assets, tmp_path, capsys, ray_starts, damage):
     path = damaged_data(tmp_path, damage, SFT_ROW)
     one_line_exit_2(main_sft.main, sft_args(assets, tmp_path, **{"data.train_files": f"[{path}]"}), capsys,
-                    tmp_path, "data error", DATA_CASES[damage])
+                    tmp_path, "data error", DATA_CASES[damage], ray_starts)
 
 
 @pytest.mark.parametrize("damage", MODEL_CASES)
-def test_ppo_bad_model_folder(assets, tmp_path, capsys, damage):
+def test_ppo_bad_model_folder(assets, tmp_path, capsys, ray_starts, damage):
     folder = damaged_model(tmp_path, assets["model"], damage)
     argv = ppo_args(assets, tmp_path, **{"actor_rollout_ref.model.path": folder})
     one_line_exit_2(main_ppo.main, argv, capsys, tmp_path, "config error",
-                    "actor_rollout_ref.model.path: " + str(tmp_path) + MODEL_CASES[damage])
+                    "actor_rollout_ref.model.path: " + str(tmp_path) + MODEL_CASES[damage], ray_starts)
 
 
 @pytest.mark.parametrize("damage", MODEL_CASES)
-def test_sft_bad_model_folder(assets, tmp_path, capsys, damage):
+def test_sft_bad_model_folder(assets, tmp_path, capsys, ray_starts, damage):
     folder = damaged_model(tmp_path, assets["model"], damage)
     one_line_exit_2(main_sft.main, sft_args(assets, tmp_path, **{"model.path": folder}), capsys, tmp_path,
-                    "config error", "model.path: " + str(tmp_path) + MODEL_CASES[damage])
+                    "config error", "model.path: " + str(tmp_path) + MODEL_CASES[damage], ray_starts)
 
 
 @pytest.mark.parametrize("value", ["inf", "nan"])
-def test_a_non_finite_learning_rate_is_refused_by_both(assets, tmp_path, capsys, value):
+def test_a_non_finite_learning_rate_is_refused_by_both(assets, tmp_path, capsys, ray_starts, value):
     argv = ppo_args(assets, tmp_path, **{"actor_rollout_ref.actor.optim.lr": value})
     one_line_exit_2(main_ppo.main, argv, capsys, tmp_path, "config error",
-                    f"actor_rollout_ref.actor.optim.lr={value} must be a finite number, not inf or nan")
+                    f"actor_rollout_ref.actor.optim.lr={value} must be a finite number, not inf or nan", ray_starts)
     one_line_exit_2(main_sft.main, sft_args(assets, tmp_path, **{"optim.lr": value}), capsys, tmp_path,
-                    "config error", f"optim.lr={value} must be a finite number, not inf or nan")
+                    "config error", f"optim.lr={value} must be a finite number, not inf or nan", ray_starts)
 
 
 def weightless(tmp_path, model: str, name: str = "weightless", **config) -> str:
@@ -168,23 +166,23 @@ RM_CONFIG = {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 
 
 
 @pytest.mark.parametrize("key", ["actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path"])
-def test_ppo_model_folder_without_weights(assets, tmp_path, capsys, key):
+def test_ppo_model_folder_without_weights(assets, tmp_path, capsys, ray_starts, key):
     folder = weightless(tmp_path, assets["model"], **(RM_CONFIG if key.startswith("reward") else {}))
     extra = {"reward_model.enable": "true"} if key.startswith("reward") else {}
     argv = ppo_args(assets, tmp_path, **{key: folder}, **extra)
     if key.startswith("critic"):
         argv[1] = "ppo"  # a run that trains a critic
     one_line_exit_2(main_ppo.main, argv, capsys, tmp_path, "config error",
-                    f"{key}: {folder} " + NO_WEIGHTS.format(key=key))
+                    f"{key}: {folder} " + NO_WEIGHTS.format(key=key), ray_starts)
 
 
-def test_sft_model_folder_without_weights(assets, tmp_path, capsys):
+def test_sft_model_folder_without_weights(assets, tmp_path, capsys, ray_starts):
     folder = weightless(tmp_path, assets["model"])
     one_line_exit_2(main_sft.main, sft_args(assets, tmp_path, **{"model.path": folder}), capsys, tmp_path,
-                    "config error", f"model.path: {folder} " + NO_WEIGHTS.format(key="model.path"))
+                    "config error", f"model.path: {folder} " + NO_WEIGHTS.format(key="model.path"), ray_starts)
 
 
-def test_a_checkpoints_model_metadata_is_not_a_model_path(assets, tmp_path, capsys):
+def test_a_checkpoints_model_metadata_is_not_a_model_path(assets, tmp_path, capsys, ray_starts):
     """global_step_N/actor/huggingface holds config.json and the tokenizer of an FSDP or Megatron
     checkpoint, not its weights: the line says how to export them."""
     step = tmp_path / "ckpt" / "global_step_2"
@@ -194,4 +192,4 @@ def test_a_checkpoints_model_metadata_is_not_a_model_path(assets, tmp_path, caps
     one_line_exit_2(main_ppo.main, ppo_args(assets, tmp_path, **{key: folder}), capsys, tmp_path, "config error",
                     f"{key}: {folder} has no weights (no *.safetensors, pytorch_model*.bin file): it belongs to a "
                     f"training checkpoint ({step / 'actor'}), not a model: export one with python "
-                    f"scripts/export_hf.py {step / 'actor'} <out_dir> and set {key}=<out_dir>")
+                    f"scripts/export_hf.py {step / 'actor'} <out_dir> and set {key}=<out_dir>", ray_starts)

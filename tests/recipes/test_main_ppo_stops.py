@@ -28,20 +28,17 @@ CONFIG_ERRORS = [
 ]
 
 
-def _one_line_before_ray(code: int, err: str, out: str, label: str, text: str) -> None:
+def _one_line_before_ray(code: int, err: str, out: str, label: str, text: str, ray_starts: list = ()) -> None:
     """Exit 2, exactly one ``label:`` line holding ``text``, no traceback, no Ray, no run folder."""
-    import sys
-
+    assert not ray_starts, "Ray started before the input was checked"
     assert code == 2, f"exit {code}\n{err[-3000:]}"
     lines = [line for line in err.splitlines() if line.startswith(f"{label}:")]
     assert len(lines) == 1 and text in lines[0], err[-3000:]
     assert "Traceback" not in err and "Ray" not in err and not os.path.exists(out), err[-3000:]
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized(), "Ray started before the input was checked"
 
 
 @pytest.mark.parametrize("override,key", CONFIG_ERRORS, ids=[o.split("=")[0] for o, _ in CONFIG_ERRORS])
-def test_config_error_exits_before_ray(recipe_assets, tmp_path, capsys, override, key):
+def test_config_error_exits_before_ray(recipe_assets, tmp_path, capsys, ray_starts, override, key):
     """``main()`` in this process (the checks are the same code as the command's; a case that got
     past them would start Ray here, and the assertion says so). The command itself, timed, is
     test_the_command_fails_on_a_config_error_in_seconds."""
@@ -50,7 +47,7 @@ def test_config_error_exits_before_ray(recipe_assets, tmp_path, capsys, override
     out = str(tmp_path / "run")
     code = main(["--config-name", "grpo", *recipe_assets.overrides(out), "data.train_batch_size=4",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=2", override])
-    _one_line_before_ray(code, capsys.readouterr().err, out, "config error", key)
+    _one_line_before_ray(code, capsys.readouterr().err, out, "config error", key, ray_starts)
 
 
 @pytest.mark.slow
@@ -94,7 +91,7 @@ def test_a_data_source_without_a_built_in_reward_is_named_before_ray(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["bad_row", "reward_name", "batch_over_data"])
-def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, capsys, case):
+def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, capsys, ray_starts, case):
     """Inputs that only reading them can check (a data row, the reward function's name, the data
     set's size) fail like config errors: exit 2, one line naming the file/row/key, no Ray."""
     from recipes.main_ppo import main
@@ -111,7 +108,7 @@ def test_input_error_exits_before_ray_in_one_line(recipe_assets, tmp_path, capsy
     code = main(["--config-name", "grpo", *recipe_assets.overrides(out), "data.train_batch_size=4",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra])
-    _one_line_before_ray(code, capsys.readouterr().err, out, label, text)
+    _one_line_before_ray(code, capsys.readouterr().err, out, label, text, ray_starts)
 
 
 def test_resuming_with_other_data_is_refused_before_ray_and_val_only_ignores_it(recipe_assets, tmp_path):
