@@ -46,12 +46,14 @@ def reward_file(tmp_path, monkeypatch):
 
 @pytest.fixture
 def sigterm_stops():
-    """The recipes' SIGTERM handler, as a run installs it."""
-    from recipes.main_ppo import restore_sigterm, stop_on_sigterm
+    """The recipes' SIGTERM handler, as a run installs it; afterwards the signal is forgotten, as
+    the next run's start forgets it (else a later test's report_stop takes any error for it)."""
+    from recipes import main_ppo
 
-    previous = stop_on_sigterm()
+    previous = main_ppo.stop_on_sigterm()
     yield
-    restore_sigterm(previous)
+    main_ppo.restore_sigterm(previous)
+    main_ppo._sigterm.clear()
 
 
 def _score(manager, truths):
