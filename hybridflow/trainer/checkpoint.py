@@ -94,11 +94,25 @@ def check_complete(path: str) -> dict:
         raise CheckpointError(f"checkpoint {path} is damaged: missing {sorted(missing)[:5]}, size changed "
                               f"{sorted(resized)[:5]}: {way_out}")
     # sizes first: they catch a truncated save without reading a byte
-    changed = [rel for rel, entry in sorted(files.items()) if file_digest(os.path.join(path, rel)) != entry["sha256"]]
+    changed = [rel for rel, entry in sorted(files.items()) if _digest(os.path.join(path, rel)) != entry["sha256"]]
     if changed:
         raise CheckpointError(f"checkpoint {path} is damaged: the content of {changed[:5]} changed since it was "
                               f"saved (hash mismatch): {way_out}")
     return manifest
+
+
+# sha256 of the files this process has hashed, by (path, inode, size, mtime): a resume checks its
+# folder before Ray starts and again in the trainer, each with find_resume_dir then open_resume;
+# without this a large checkpoint was read four times. A file written since has another mtime.
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _digest(path: str) -> str:
+    st = os.stat(path)
+    key = (path, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = file_digest(path)
+    return _DIGESTS[key]
 
 
 def saved_steps(root: str) -> list[int]:
