@@ -138,7 +138,8 @@ class RayWorkerGroup:
         views = {}
         for role in roles:
             view = RayWorkerGroup(None, None, name_prefix=f"{self.name}/{role}", timeout_s=self.timeout_s,
-                                  init_timeout_s=self.init_timeout_s, _actors=self._actors, _method_prefix=f"{role}__", _worker_cls=self._worker_cls)
+                                  init_timeout_s=self.init_timeout_s, _actors=self._actors,
+                                  _method_prefix=f"{role}__", _worker_cls=self._worker_cls)
             view._pids = self._pids
             views[role] = view
         return views

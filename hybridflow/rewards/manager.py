@@ -194,34 +194,29 @@ class RewardManager:
         if self._process is not None:
             return self._process.call_each(calls, lambda i: f"sample {i} (data_source="
                                                             f"{calls[i]['data_source']!r})")
-        outcomes = []
-        for i, kwargs in enumerate(calls):
-            started = time.monotonic()
-            try:
-                outcomes.append(CallOutcome(result=self.compute_score(**kwargs)))
-            except Exception as exc:
-                outcomes.append(CallOutcome(error=exc))
-            self._warn_if_slow(time.monotonic() - started, f"sample {i} (data_source={kwargs['data_source']!r})")
-        return outcomes
+        return [self._call_here(kwargs, f"sample {i} (data_source={kwargs['data_source']!r})")
+                for i, kwargs in enumerate(calls)]
 
-    def _warn_if_slow(self, took_s: float, what: str) -> None:
+    def _call_here(self, kwargs: dict, what: str) -> CallOutcome:
+        """``compute_score(**kwargs)`` in this process, unbounded; reported when it returns if slow."""
+        started = time.monotonic()
+        try:
+            outcome = CallOutcome(result=self.compute_score(**kwargs))
+        except Exception as exc:
+            outcome = CallOutcome(error=exc)
+        took_s = time.monotonic() - started
         if took_s >= SLOW_CALL_S:
             logger.warning("reward function slow: %s took %.0f s (no time limit: custom_reward_function."
                            "timeout_s=null)", what, took_s)
+        return outcome
 
     def _call_batched(self, responses, data_sources, ground_truths, extra_infos) -> list[CallOutcome]:
         """One call for the batch: an outcome per response (each timed out if the call was)."""
         kwargs = dict(data_sources=list(data_sources), solution_strs=list(responses),
                       ground_truths=list(ground_truths), extra_infos=list(extra_infos))
-        if self._process is not None:
-            outcome = self._process.call_once(kwargs, f"the batch call ({len(responses)} samples)")
-        else:
-            started = time.monotonic()
-            try:
-                outcome = CallOutcome(result=self.compute_score(**kwargs))
-            except Exception as exc:
-                outcome = CallOutcome(error=exc)
-            self._warn_if_slow(time.monotonic() - started, f"the batch call ({len(responses)} samples)")
+        what = f"the batch call ({len(responses)} samples)"
+        outcome = (self._process.call_once(kwargs, what) if self._process is not None
+                   else self._call_here(kwargs, what))
         if outcome.timed_out:
             return [outcome] * len(responses)
         if outcome.error is not None:
