@@ -23,13 +23,7 @@ import subprocess
 import sys
 import time
 
-
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+from hybridflow.process_start import start_time
 
 
 def guard_local_ray() -> subprocess.Popen | None:
@@ -40,9 +34,9 @@ def guard_local_ray() -> subprocess.Popen | None:
     node = getattr(ray._private.worker, "_global_node", None)
     if node is None or not node.head or not os.path.isdir("/proc"):
         return None
-    heads = [f"{info.process.pid}:{_start_time(info.process.pid)}"
+    heads = [f"{info.process.pid}:{start_time(info.process.pid)}"
              for infos in node.all_processes.values() for info in infos if info.process is not None]
-    me = f"{os.getpid()}:{_start_time(os.getpid())}"
+    me = f"{os.getpid()}:{start_time(os.getpid())}"
     session = os.path.realpath(node.get_session_dir_path())
     # importable from wherever the driver was started (a script path, another working directory)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,11 +52,11 @@ def _wait_for_exit(pid: int, start: int) -> None:
         fd = os.pidfd_open(pid)  # readable once the process exits: no polling
     except (AttributeError, OSError):
         fd = None
-    if fd is not None and _start_time(pid) == start:
+    if fd is not None and start_time(pid) == start:
         select.select([fd], [], [])
         os.close(fd)
         return
-    while _start_time(pid) == start:
+    while start_time(pid) == start:
         time.sleep(0.5)
 
 
@@ -90,7 +84,7 @@ def session_processes(session_dir: str) -> list[int]:
 
 def clean_up(session_dir: str, heads: list[tuple[int, int]]) -> list[int]:
     """SIGKILL what is left of the Ray instance of ``session_dir``; returns the pids signalled."""
-    targets = [pid for pid, start in heads if _start_time(pid) == start] + session_processes(session_dir)
+    targets = [pid for pid, start in heads if start_time(pid) == start] + session_processes(session_dir)
     for pid in targets:
         try:
             os.kill(pid, signal.SIGKILL)

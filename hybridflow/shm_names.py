@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import re
 
+from hybridflow.process_start import start_time
+
 SHM_DIR = "/dev/shm"
 # hfshm: shm_group.py; hf<port>e<n>: vLLM's CPU TP communicator (workers/rollout/vllm_rollout.py);
 # hybridflow-params / hybridflow-reshard: resharding/shared_params.py and host_exchange.py
@@ -24,20 +26,10 @@ PREFIXES = ("hfshm-", "hf", "hybridflow-params-", "hybridflow-reshard-")
 _OWNER = re.compile(r"-o(\d+)x(\d+)-")
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # the command may hold spaces and parentheses
-
-
 def owner_tag(pid: int | None = None) -> str:
     """``o<pid>x<start time>`` of this process (or ``pid``): a dead owner is told from a pid reused."""
     pid = os.getpid() if pid is None else pid
-    return f"o{pid}x{_start_time(pid) or 0}"
+    return f"o{pid}x{start_time(pid) or 0}"
 
 
 def owner_alive(name: str) -> bool | None:
@@ -46,7 +38,7 @@ def owner_alive(name: str) -> bool | None:
     if not found:
         return None
     pid, start = int(found.group(1)), int(found.group(2))
-    return _start_time(pid) == start
+    return start_time(pid) == start
 
 
 def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
