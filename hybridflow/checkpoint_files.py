@@ -25,6 +25,11 @@ ENGINE_META = "engine.json"
 HF_META_DIR = "huggingface"
 
 
+# how every "this checkpoint cannot be read" message ends
+WAY_OUT = ("resume from an earlier global_step_* folder with trainer.resume_mode=<folder>, or start over "
+           "with trainer.resume_mode=disable")
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from (corrupted, partial, or another worker layout)."""
 
@@ -94,8 +99,7 @@ def load_tensors(file: str, **kwargs):
     except UNREADABLE as err:
         first = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
         raise CheckpointError(f"{file} is not a checkpoint file this version can read ({type(err).__name__}: "
-                              f"{first}): resume from another global_step_* folder with "
-                              f"trainer.resume_mode=<folder>, or start over with trainer.resume_mode=disable") from err
+                              f"{first}): {WAY_OUT}") from err
 
 
 def plain_rng_state() -> dict:

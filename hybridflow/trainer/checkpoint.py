@@ -37,7 +37,7 @@ from contextlib import contextmanager
 import torch
 
 from hybridflow.checkpoint_files import (  # noqa: F401 (re-exported: the trainer's checkpoint API)
-    HF_META_DIR, TRACKER, CheckpointError, CheckpointSaveError, file_digest, plain_rng_state, read_tracker,
+    HF_META_DIR, TRACKER, WAY_OUT, CheckpointError, CheckpointSaveError, file_digest, plain_rng_state, read_tracker,
     set_plain_rng_state, step_dir, write_atomically, write_tracker,
 )
 
@@ -47,8 +47,6 @@ STEP_DIR = re.compile(r"^global_step_(\d+)$")
 # 2: trainer_state.json instead of a pickled trainer_state.pt, RNG files without numpy objects,
 # a sha256 hash per file in the manifest
 FORMAT_VERSION = 2
-WAY_OUT = ("resume from an earlier global_step_* folder with trainer.resume_mode=<folder>, or start over "
-           "with trainer.resume_mode=disable")
 
 
 def write_manifest(path: str, step: int, layout: dict) -> None:
@@ -68,19 +66,18 @@ def write_manifest(path: str, step: int, layout: dict) -> None:
 def check_complete(path: str) -> dict:
     """The manifest of checkpoint folder ``path`` after checking every file it lists (size, then
     content hash); raises CheckpointError naming what is wrong and how to resume instead."""
-    way_out = WAY_OUT
     manifest_file = os.path.join(path, MANIFEST)
     if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint folder {path} does not exist: {way_out}")
+        raise CheckpointError(f"checkpoint folder {path} does not exist: {WAY_OUT}")
     if not os.path.exists(manifest_file):
-        raise CheckpointError(f"checkpoint {path} is incomplete (no {MANIFEST}: the save did not finish): {way_out}")
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {MANIFEST}: the save did not finish): {WAY_OUT}")
     try:
         with open(manifest_file) as f:
             manifest = json.load(f)
         files = manifest["files"]
         version = manifest.get("format")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({err}): {way_out}") from err
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({err}): {WAY_OUT}") from err
     if version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has format {version!r}; this version reads format "
                               f"{FORMAT_VERSION} only (older checkpoints held pickled state): start over with "
@@ -92,12 +89,12 @@ def check_complete(path: str) -> dict:
                if rel not in missing and os.path.getsize(os.path.join(path, rel)) != entry["size"]]
     if missing or resized:
         raise CheckpointError(f"checkpoint {path} is damaged: missing {sorted(missing)[:5]}, size changed "
-                              f"{sorted(resized)[:5]}: {way_out}")
+                              f"{sorted(resized)[:5]}: {WAY_OUT}")
     # sizes first: they catch a truncated save without reading a byte
     changed = [rel for rel, entry in sorted(files.items()) if _digest(os.path.join(path, rel)) != entry["sha256"]]
     if changed:
         raise CheckpointError(f"checkpoint {path} is damaged: the content of {changed[:5]} changed since it was "
-                              f"saved (hash mismatch): {way_out}")
+                              f"saved (hash mismatch): {WAY_OUT}")
     return manifest
 
 

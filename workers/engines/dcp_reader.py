@@ -25,7 +25,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from hybridflow.checkpoint_files import UNREADABLE, CheckpointError
+from hybridflow.checkpoint_files import UNREADABLE, WAY_OUT, CheckpointError
 
 _ALLOWED = {("torch", "Size"): torch.Size, ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
             ("pathlib", "PosixPath"): pathlib.PosixPath, ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
@@ -52,9 +52,7 @@ class SafeFileSystemReader(FileSystemReader):
                 metadata = _MetadataUnpickler(f).load()
         except UNREADABLE as err:
             raise CheckpointError(f"{path} is not a DCP metadata file this version can read ({type(err).__name__}: "
-                                  f"{err}): resume from another global_step_* folder with "
-                                  "trainer.resume_mode=<folder>, or start over with trainer.resume_mode=disable"
-                                  ) from err
+                                  f"{err}): {WAY_OUT}") from err
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -73,7 +71,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             loaded = torch.load(value, weights_only=True)
         except UNREADABLE as err:
             raise CheckpointError(f"DCP entry {read_item.dest_index.fqn} is not plain data ({type(err).__name__}): "
-                                  "resume from another global_step_* folder") from err
+                                  f"{WAY_OUT}") from err
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
