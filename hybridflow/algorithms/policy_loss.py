@@ -21,6 +21,9 @@ from hybridflow.algorithms.masked import masked_mean
 # exp() of a log-ratio beyond this overflows float32 gradients; a ratio of e^20 is already
 # clipped by any sane clip range, so clamping it changes no loss value that PPO would use.
 _LOG_RATIO_LIMIT = 20.0
+# GSPO's objective is a mean over sequences of per-sequence token means; only the entropy and KL
+# terms follow actor.loss_agg_mode (verl's compute_policy_loss_gspo and dp_actor do the same)
+GSPO_LOSS_AGG_MODE = "seq-mean-token-mean"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class PolicyLossOutput(NamedTuple):
     ppo_kl: Tensor  # masked mean of (old_log_prob - log_prob): k1 estimate of KL(old || new)
     pg_clipfrac_lower: Tensor  # fraction of valid tokens where the dual-clip bound was active
     token_losses: Tensor | None = None  # [B, R] before aggregation (for a mini-batch-wide aggregate)
+    # the aggregation pg_loss used: a mini-batch-wide aggregate of token_losses must use it too
+    loss_agg_mode: str = "token-mean"
 
 
 def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -95,7 +100,7 @@ def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, re
         pg_clipfrac_lower = masked_mean(((ppo_losses > dual_bound) & negative).float(), response_mask)
 
     pg_loss = agg_loss(losses, response_mask, config.loss_agg_mode)
-    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, losses)
+    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, losses, config.loss_agg_mode)
 
 
 def gspo_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -106,11 +111,14 @@ def gspo_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, respon
     clipped per sequence instead of per token. This is the GSPO-token form (eq. 13),
         s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)],
     whose value is s_i on every token and whose gradient is GSPO's when A_it = A_i (outcome
-    rewards), and which also takes per-token advantages. Loss: max(-A s_it, -A clip(s_it)).
+    rewards), and which also takes per-token advantages. Loss: max(-A s_it, -A clip(s_it)),
+    averaged over each sequence's tokens, then over sequences (the GSPO-token objective's
+    1/G sum_i 1/|y_i| sum_t): seq-mean-token-mean whatever ``loss_agg_mode`` says, as verl's
+    compute_policy_loss_gspo does, so a verl GSPO script trains the same here.
 
     Differences: no dual-clip (the paper has none; ``clip_ratio_c`` is ignored); the paper's
-    clip range is ~1e-3 (e.g. clip_ratio_low 3e-4, clip_ratio_high 4e-4) and its aggregation is
-    seq-mean-token-mean, set them in the config (recipes/config/gspo.yaml does).
+    clip range is ~1e-3 (e.g. clip_ratio_low 3e-4, clip_ratio_high 4e-4), set it in the config
+    (recipes/config/gspo.yaml does).
     """
     mask = response_mask.to(log_prob.dtype)
     token_log_ratio = log_prob - old_log_prob
@@ -123,8 +131,9 @@ def gspo_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, respon
     losses = torch.maximum(unclipped, clipped)
     pg_clipfrac = masked_mean((clipped > unclipped).float(), response_mask)
     ppo_kl = masked_mean(-token_log_ratio, response_mask)
-    pg_loss = agg_loss(losses, response_mask, config.loss_agg_mode)
-    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, torch.zeros((), dtype=losses.dtype), losses)
+    pg_loss = agg_loss(losses, response_mask, GSPO_LOSS_AGG_MODE)
+    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, torch.zeros((), dtype=losses.dtype), losses,
+                            GSPO_LOSS_AGG_MODE)
 
 
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossConfig], PolicyLossOutput]

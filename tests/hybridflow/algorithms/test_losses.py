@@ -86,10 +86,10 @@ def test_gspo_clips_the_sequence_ratio_hand_computed():
     s1 = math.exp(-0.05)
     assert out.token_losses[0].tolist() == pytest.approx([-1.2, -1.2])
     assert out.token_losses[1, 0].item() == pytest.approx(s1)
-    assert out.pg_loss.item() == pytest.approx((-1.2 - 1.2 + s1) / 3)  # token-mean over 3 valid tokens
+    assert out.pg_loss.item() == pytest.approx((-1.2 + s1) / 2)  # seq-mean-token-mean, whatever loss_agg_mode
     assert out.pg_clipfrac.item() == pytest.approx(2 / 3)
     out.pg_loss.backward()
-    assert new.grad.flatten().tolist() == pytest.approx([0.0, 0.0, s1 / 3, 0.0])
+    assert new.grad.flatten().tolist() == pytest.approx([0.0, 0.0, s1 / 2, 0.0])
     ppo = ppo_clip_loss(old, new.detach(), adv, mask, PolicyLossConfig(clip_ratio=0.2, clip_ratio_c=None))
     assert ppo.pg_clipfrac.item() == pytest.approx(1 / 3)  # per token: only exp(0.3) is clipped
 
