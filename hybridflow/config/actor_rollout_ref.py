@@ -6,97 +6,93 @@ it by ``rollout.n``); every ``*_micro_batch_size_per_gpu`` counts *sequences* pe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig
+from hybridflow.config.keys import (
+    GREATER_THAN_0, NON_NEGATIVE, OPEN_UNIT, OPTIONAL_GT_0, OPTIONAL_POSITIVE, POSITIVE, TOP_K, Range, key,
+)
+
+DEPRECATED_GLOBAL = "verl's deprecated size over all data-parallel ranks; set: replaces the _per_gpu key"
 
 
 @dataclass
-class ModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, exclude_modules
-    path: str = path_field("data/models/tiny-qwen2-sft")
-    tokenizer_path: str | None = path_field(None)  # None: the tokenizer saved with the model
-    enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = False
-    # run each distinct prompt of a micro-batch once and share its KV cache among its samples
-    # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
-    share_prompt_prefix: bool = True
-    custom_chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
-    # HF config attributes replaced before the model is built (training engines and vLLM), e.g.
-    # +actor_rollout_ref.model.override_config.attention_dropout=0.0
-    override_config: dict[str, Any] = field(default_factory=dict)
-    external_lib: str | None = None  # a module imported (driver and workers) before any model loads
-    # verl keys accepted at their "off" value only (verl_keys.unsupported_errors says why)
-    use_liger: bool = False
-    use_fused_kernels: bool = False
-    trust_remote_code: bool = False
+class ModelConfig(LoraKeys):
+    path: str = key("data/models/tiny-qwen2-sft", "the HF checkpoint folder of the policy", path=True)
+    tokenizer_path: str | None = key(None, "null: the tokenizer saved with the model", path=True)
+    enable_gradient_checkpointing: bool = key(False, "recompute activations in backward (less memory)")
+    use_remove_padding: bool = key(False, "pack sequences without padding tokens")
+    share_prompt_prefix: bool = key(True, "one forward per distinct prompt, its KV cache shared by its n samples "
+                                          "(workers/engines/prefix_sharing.py)")
+    custom_chat_template: str | None = key(None, "a Jinja chat template replacing the tokenizer's")
+    override_config: dict[str, Any] = key({}, "HF config attributes to replace, e.g. "
+                                              "+actor_rollout_ref.model.override_config.attention_dropout=0.0")
+    external_lib: str | None = key(None, "a module imported (driver and workers) before any model loads")
+    use_liger: bool = key(False, "only false (no Liger kernels)")
+    use_fused_kernels: bool = key(False, "only false")
+    trust_remote_code: bool = key(False, "only false: Llama/Qwen2-family models load without remote code")
 
 
 @dataclass
 class PolicyLossChoice:
-    """verl's ``actor.policy_loss`` section: which surrogate the actor minimises."""
-
-    loss_mode: str = "vanilla"  # vanilla (PPO clip; also "ppo_clip") | gspo: hybridflow.algorithms.POLICY_LOSSES
+    loss_mode: str = key("vanilla", "vanilla (PPO's clipped surrogate; also ppo_clip) | gspo (sequence-level "
+                                    "ratio): hybridflow.algorithms.POLICY_LOSSES")
 
 
 @dataclass
 class ActorConfig:
-    strategy: str = "fsdp"  # fsdp | megatron
-    ppo_mini_batch_size: int = 4  # prompts per optimizer step (x rollout.n sequences)
-    ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward on one worker
-    ppo_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    # micro-batches by token budget instead of row count (workers/engines/token_budget.py)
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384  # padded tokens per micro-batch with use_dynamic_bsz
-    ppo_epochs: int = 1
-    # auto: skip the separate old-log-prob forward when the update is strictly on-policy (one
-    # optimizer step per batch: ppo_epochs 1, one mini-batch, no KL in the reward); always: always run it
-    recompute_old_log_prob: str = "auto"
-    shuffle: bool = False  # reshuffle sequences between ppo_epochs
-    policy_loss: PolicyLossChoice = field(default_factory=PolicyLossChoice)
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None  # None: clip_ratio
-    clip_ratio_high: float | None = None  # None: clip_ratio
-    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages; must be > 1
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    loss_agg_mode: str = "token-mean"
-    # leave out rows whose advantage is 0 on every token when no entropy or KL loss term needs
-    # them: the same step (the loss is normalised over the whole mini-batch), less compute
-    skip_zero_advantage: bool = True
-    # auto | fp32 | bf16 (bf16 compute, fp32 master weights). auto: bf16 where bf16 matmuls are
-    # native (GPUs; CPUs where a timed one beats fp32), else fp32 (derived.resolve_param_dtype)
-    param_dtype: str = "auto"
-    grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
-    ulysses_sequence_parallel_size: int = 1  # verl's key; only 1 (no sequence parallelism)
-    # verl compiles its log-prob/entropy kernels with torch.compile; the engines here run eager.
-    # Accepted, either value, so verl scripts run unchanged
-    use_torch_compile: bool = True
-    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    strategy: str = key("fsdp", "fsdp | megatron")
+    ppo_mini_batch_size: int = key(4, "prompts per optimizer step (x rollout.n sequences)", POSITIVE)
+    ppo_micro_batch_size_per_gpu: int = key(4, "sequences per forward/backward on one worker", POSITIVE)
+    ppo_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
+    use_dynamic_bsz: bool = key(False, "micro-batches by token budget instead of row count "
+                                       "(workers/engines/token_budget.py)")
+    ppo_max_token_len_per_gpu: int = key(16384, "padded tokens per micro-batch with use_dynamic_bsz", POSITIVE)
+    ppo_epochs: int = key(1, "passes over each step's batch", POSITIVE)
+    recompute_old_log_prob: str = key("auto", "auto: skip the old-log-prob forward when strictly on-policy "
+                                              "(one optimizer step per batch, no KL in the reward) | always")
+    shuffle: bool = key(False, "reshuffle sequences between ppo_epochs")
+    policy_loss: PolicyLossChoice = key(PolicyLossChoice(), "verl's policy_loss section: the surrogate minimised")
+    clip_ratio: float = key(0.2, "PPO's clip range", GREATER_THAN_0)
+    clip_ratio_low: float | None = key(None, "null: clip_ratio", OPTIONAL_GT_0)
+    clip_ratio_high: float | None = key(None, "null: clip_ratio", OPTIONAL_GT_0)
+    # Dual-clip (Ye et al. 2020, eq. 5) bounds the ratio for negative advantages at c > 1.
+    clip_ratio_c: float = key(3.0, "dual-clip bound for negative advantages",
+                              Range(lambda x: x > 1, "> 1 (the dual-clip bound)"))
+    entropy_coeff: float = key(0.0, "weight of the entropy bonus", NON_NEGATIVE)
+    use_kl_loss: bool = key(False, "add the KL to the reference policy to the loss")
+    kl_loss_coef: float = key(0.001, "weight of the KL loss", NON_NEGATIVE)
+    kl_loss_type: str = key("low_var_kl", "k1|kl, abs, k2|mse, k3|low_var_kl")
+    loss_agg_mode: str = key("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | "
+                                           "seq-mean-token-sum-norm")
+    skip_zero_advantage: bool = key(True, "skip rows whose advantage is 0 everywhere when no entropy or KL term "
+                                          "needs them: same step, less work")
+    param_dtype: str = key("auto", "auto | fp32 | bf16 (fp32 masters); auto: bf16 where bf16 matmuls are native")
+    grad_clip: float | None = key(None, "verl's max grad norm key; null: optim.clip_grad")
+    ulysses_sequence_parallel_size: int = key(1, "only 1: no sequence parallelism")
+    use_torch_compile: bool = key(True, "no effect: the engines run eager (accepted so verl scripts run)")
+    checkpoint: CheckpointContents = key(CheckpointContents(), "what a checkpoint holds")
+    optim: OptimConfig = key(OptimConfig(lr=1e-6), "the actor's optimizer")
+    fsdp_config: FSDPConfig = key(FSDPConfig(), "only with strategy=fsdp")
+    megatron: MegatronConfig = key(MegatronConfig(), "only with strategy=megatron")
 
 
 @dataclass
 class ValKwargsConfig:
     """Sampling for validation; ``do_sample=False`` is greedy (then ``n`` must be 1)."""
 
-    do_sample: bool = False
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
+    do_sample: bool = key(False, "false: greedy validation")
+    temperature: float = key(0.0, "sampling temperature", NON_NEGATIVE)
+    top_p: float = key(1.0, "nucleus sampling mass", OPEN_UNIT)
+    top_k: int = key(-1, "-1: off", TOP_K)
+    n: int = key(1, "responses per validation prompt", POSITIVE)
 
 
 @dataclass
 class RolloutEngineKwargs:
-    """Extra keyword arguments for the generation engine's constructor, passed through as given
-    (verl's ``rollout.engine_kwargs``; add keys with ``+``: ``+...engine_kwargs.vllm.max_logprobs=5``)."""
-
-    vllm: dict[str, Any] = field(default_factory=dict)
+    vllm: dict[str, Any] = key({}, "passed to vLLM's LLM(...) as is; add keys with +, e.g. "
+                                   "+...engine_kwargs.vllm.max_logprobs=5")
 
 
 @dataclass
@@ -104,70 +100,67 @@ class RolloutConfig:
     """Generation settings. Not ``workers.rollout.base.RolloutConfig`` (the engine's own
     dataclass): ``hybridflow.config.rollout_engine_kwargs`` builds that one's arguments."""
 
-    name: str = "vllm"  # vllm | hf
-    mode: str = "sync"  # verl's key; only sync (whole batches through the engine, no agent loop server)
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: off
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    kv_cache_gib: float = 1.0  # vLLM's KV cache on CPU, in GiB (fractions too; wins over VLLM_CPU_KVCACHE_SPACE)
-    # CPU: vLLM keeps plain weights next to its packed kernels so a sync skips the rebuild
-    # (workers/rollout/vllm_weight_sync.py); false saves that copy of the weights in RAM
-    cpu_live_weights: bool = True
-    max_num_seqs: int = 256
-    # vLLM's scheduler: tokens per engine step (None: vLLM's default for the device) and
-    # whether a long prompt's prefill may be split over steps (off: the budget must hold
-    # prompt + response)
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    enforce_eager: bool = True
-    dtype: str = "auto"  # auto (the actor's resolved param_dtype) | float32 | bfloat16 | float16
-    free_cache_engine: bool = True
-    log_prob_micro_batch_size_per_gpu: int = 8  # old log-prob recomputation on the actor
-    log_prob_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
-    log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
-    # weight sync: full-size HF tensors alive at once per worker (verl's key)
-    update_weights_bucket_megabytes: int = 64
-    do_sample: bool = True  # false: greedy training rollouts (temperature 0; then n must be 1)
-    ignore_eos: bool = False  # true: every response runs to data.max_response_length
-    max_model_len: int | None = None  # vLLM's context length; None: max_prompt_length + max_response_length
-    # verl's copies of data.max_prompt_length / max_response_length (its YAML interpolates them);
-    # set, they must agree: the data keys are the ones read
-    prompt_length: int | None = None
-    response_length: int | None = None
-    enable_prefix_caching: bool = True  # vLLM reuses cached KV blocks of shared prompt prefixes
-    disable_log_stats: bool = True  # vLLM's periodic throughput log lines
-    load_format: str = "auto"  # auto: vLLM reads the checkpoint | dummy: random init, the first sync fills it
-    engine_kwargs: RolloutEngineKwargs = field(default_factory=RolloutEngineKwargs)
-    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    name: str = key("vllm", "vllm | hf")
+    mode: str = key("sync", "only sync: whole batches through the engine (no async agent loop)")
+    n: int = key(1, "responses sampled per prompt", POSITIVE)
+    temperature: float = key(1.0, "sampling temperature", NON_NEGATIVE)
+    top_p: float = key(1.0, "nucleus sampling mass", OPEN_UNIT)
+    top_k: int = key(-1, "-1: off", TOP_K)
+    tensor_model_parallel_size: int = key(1, "the generation engine's tensor-parallel size", POSITIVE)
+    gpu_memory_utilization: float = key(0.5, "GPU only: the share of GPU memory vLLM may use", OPEN_UNIT)
+    kv_cache_gib: float = key(1.0, "CPU only: vLLM's KV cache in GiB (wins over VLLM_CPU_KVCACHE_SPACE)",
+                              GREATER_THAN_0)
+    cpu_live_weights: bool = key(True, "CPU only: syncs skip vLLM's kernel rebuild; false saves one weight copy "
+                                       "of RAM")
+    max_num_seqs: int = key(256, "vLLM's sequences per engine step", POSITIVE)
+    max_num_batched_tokens: int | None = key(None, "vLLM's tokens per engine step; null: vLLM's default",
+                                             OPTIONAL_POSITIVE)
+    enable_chunked_prefill: bool = key(True, "false: a prompt's prefill is never split (the budget must hold "
+                                             "prompt + response)")
+    enforce_eager: bool = key(True, "vLLM without CUDA graphs")
+    dtype: str = key("auto", "auto: the actor's resolved param_dtype | float32 | bfloat16 | float16")
+    free_cache_engine: bool = key(True, "free vLLM's KV cache while training")
+    log_prob_micro_batch_size_per_gpu: int = key(8, "rows per forward of the actor's old log-prob pass",
+                                                 POSITIVE)
+    log_prob_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
+    log_prob_use_dynamic_bsz: bool | None = key(None, "null: actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = key(None, "null: actor.ppo_max_token_len_per_gpu",
+                                                     OPTIONAL_POSITIVE)
+    update_weights_bucket_megabytes: int = key(64, "weight sync: HF tensors alive at once per worker", POSITIVE)
+    do_sample: bool = key(True, "false: greedy training rollouts (temperature 0; n must be 1)")
+    ignore_eos: bool = key(False, "true: every response runs to data.max_response_length")
+    max_model_len: int | None = key(None, "vLLM's context length; null: max_prompt_length + max_response_length")
+    prompt_length: int | None = key(None, "verl's copy of data.max_prompt_length: null, or the same value")
+    response_length: int | None = key(None, "verl's copy of data.max_response_length: null, or the same value")
+    enable_prefix_caching: bool = key(True, "vLLM reuses the KV blocks of a prompt shared by its n samples")
+    disable_log_stats: bool = key(True, "vLLM's periodic throughput log lines")
+    load_format: str = key("auto", "auto: vLLM reads the checkpoint | dummy: random init, the first weight "
+                                   "sync fills it")
+    engine_kwargs: RolloutEngineKwargs = key(RolloutEngineKwargs(), "verl's rollout.engine_kwargs")
+    val_kwargs: ValKwargsConfig = key(ValKwargsConfig(), "sampling for validation")
 
 
 @dataclass
 class RefMegatronConfig:
-    """With ``actor.strategy=megatron`` the reference policy has the actor's parallel sizes; verl's
-    ``ref.megatron.param_offload`` is the one key of its own (see ``FSDPConfig``)."""
-
-    param_offload: bool = False
+    param_offload: bool = key(False, "GPU: the frozen reference rests in host memory between passes")
 
 
 @dataclass
 class RefConfig:
-    strategy: str | None = None  # verl's; the reference runs on the actor's strategy (null or the same)
-    log_prob_micro_batch_size_per_gpu: int = 8
-    log_prob_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
-    log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # with actor.strategy=fsdp
-    megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)  # with actor.strategy=megatron
+    strategy: str | None = key(None, "verl's; the reference runs on the actor's strategy (null or the same)")
+    log_prob_micro_batch_size_per_gpu: int = key(8, "rows per forward of the reference pass", POSITIVE)
+    log_prob_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
+    log_prob_use_dynamic_bsz: bool | None = key(None, "null: actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = key(None, "null: actor.ppo_max_token_len_per_gpu",
+                                                     OPTIONAL_POSITIVE)
+    fsdp_config: FSDPConfig = key(FSDPConfig(), "with actor.strategy=fsdp")
+    megatron: RefMegatronConfig = key(RefMegatronConfig(), "with actor.strategy=megatron (the actor's sizes)")
 
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = True  # verl's key; only true (actor and rollout share each worker)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    ref: RefConfig = field(default_factory=RefConfig)
+    hybrid_engine: bool = key(True, "only true: actor and rollout share each worker")
+    model: ModelConfig = key(ModelConfig(), "the policy's model")
+    actor: ActorConfig = key(ActorConfig(), "training the policy")
+    rollout: RolloutConfig = key(RolloutConfig(), "generation")
+    ref: RefConfig = key(RefConfig(), "the frozen reference policy")

@@ -1,42 +1,36 @@
-"""``algorithm``: advantage estimator and KL-in-reward settings (verl's key names).
-
-Names are checked against the registries in ``hybridflow.algorithms`` by ``validate``.
-"""
+"""``algorithm``: advantage estimator and KL-in-reward settings (verl's key names). Names are
+checked against the registries in ``hybridflow.algorithms`` by ``validate``."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from hybridflow.config.keys import NON_NEGATIVE, UNIT, key
 
 
 @dataclass
 class KLCtrlConfig:
-    """KL coefficient of the reward penalty. ``adaptive`` is Ziegler et al. (2019) eq. 2 and needs
-    ``target_kl`` and ``horizon``."""
-
-    type: str = "fixed"  # fixed | adaptive
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
+    type: str = key("fixed", "fixed | adaptive (Ziegler et al. 2019 eq. 2)")
+    kl_coef: float = key(0.001, "the KL coefficient of the reward penalty", NON_NEGATIVE)
+    target_kl: float = key(0.1, "adaptive only: the KL the coefficient steers to (> 0)")
+    horizon: int = key(10000, "adaptive only: the controller's horizon in samples (a positive integer)")
 
 
 @dataclass
 class FilterGroupsConfig:
-    """DAPO's dynamic sampling (hybridflow/algorithms/dynamic_sampling.py): drop prompts whose
-    samples' ``metric`` (seq_reward | score | acc) are all equal and generate more until
-    ``data.train_batch_size`` prompts remain; ``max_num_gen_batches`` caps the generation
-    batches per step (0: no cap)."""
-
-    enable: bool = False
-    metric: str = "seq_reward"
-    max_num_gen_batches: int = 0
+    enable: bool = key(False, "drop prompts whose samples' metric are all equal, generate more until "
+                              "data.train_batch_size prompts remain")
+    metric: str = key("seq_reward", "seq_reward | score | acc (the reward function's acc field)")
+    max_num_gen_batches: int = key(0, "generation batches per step at most; 0: no cap", NON_NEGATIVE)
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "gae"  # verl's default; recipes pick theirs
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"  # the KL estimator of the reward penalty
-    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
-    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    adv_estimator: str = key("gae", "gae | grpo | remax | rloo | reinforce_plus_plus")
+    gamma: float = key(1.0, "discount factor", UNIT)
+    lam: float = key(1.0, "GAE's lambda", UNIT)
+    norm_adv_by_std_in_grpo: bool = key(True, "grpo: divide advantages by the group's std")
+    use_kl_in_reward: bool = key(False, "subtract the KL to the reference from the reward")
+    kl_penalty: str = key("kl", "the estimator of the reward's KL penalty")
+    kl_ctrl: KLCtrlConfig = key(KLCtrlConfig(), "the reward penalty's KL coefficient")
+    filter_groups: FilterGroupsConfig = key(FilterGroupsConfig(), "DAPO's dynamic sampling "
+                                                                  "(hybridflow/algorithms/dynamic_sampling.py)")

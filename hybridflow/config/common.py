@@ -1,38 +1,31 @@
-"""Config nodes shared by the actor and the critic: optimizer and Megatron sizes.
-
-``path_field`` marks a string field as a filesystem path: ``load_config`` expands ``~`` and makes
-it absolute (Ray workers need not share the driver's working directory).
-"""
+"""Config nodes shared by the actor, the critic and the SFT model: optimizer, LoRA, checkpoint
+contents, FSDP and Megatron settings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-PATH = {"path": True}
+from hybridflow.config.keys import GREATER_THAN_0, NON_NEGATIVE, POSITIVE, UNIT, Range, key
 
-
-def path_field(default: Any = None) -> Any:
-    return field(default=default, metadata=PATH)
+BETAS = Range(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1), e.g. [0.9, 0.999]")
 
 
 @dataclass
 class OptimConfig:
-    """AdamW + LR schedule. ``lr_warmup_steps`` < 0 means "use ``lr_warmup_steps_ratio`` of the
-    run's optimizer steps" (verl's convention); ``min_lr_ratio`` is the cosine floor."""
+    """AdamW and its learning-rate schedule."""
 
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    lr_warmup_steps: int = -1
-    lr_warmup_steps_ratio: float = 0.0
-    lr_scheduler: str = "constant"  # constant | cosine
-    # verl's names for lr_scheduler: lr_scheduler_type (current) and warmup_style (older PPO
-    # configs); a set one wins, warmup_style first, as in verl (where it overwrites the other)
-    lr_scheduler_type: str | None = None
-    warmup_style: str | None = None
-    min_lr_ratio: float = 0.0
-    clip_grad: float = 1.0  # max global grad L2 norm; <= 0 disables clipping
+    lr: float = key(1e-6, "learning rate", GREATER_THAN_0)
+    weight_decay: float = key(0.01, "AdamW's decoupled weight decay", NON_NEGATIVE)
+    betas: list[float] = key([0.9, 0.999], "AdamW's betas", BETAS)
+    eps: float = key(1e-8, "AdamW's epsilon", GREATER_THAN_0)
+    lr_warmup_steps: int = key(-1, "linear warmup steps; -1: use lr_warmup_steps_ratio (verl's convention)",
+                               Range(lambda v: v >= -1, "-1 (use lr_warmup_steps_ratio) or a step count >= 0"))
+    lr_warmup_steps_ratio: float = key(0.0, "warmup as a fraction of the run's optimizer steps",
+                                       Range(lambda v: 0 <= v < 1, "in [0, 1)"))
+    lr_scheduler: str = key("constant", "constant | cosine")
+    lr_scheduler_type: str | None = key(None, "verl's name for lr_scheduler; when set, it wins")
+    warmup_style: str | None = key(None, "verl's older name for lr_scheduler; when set, it wins over both (as in verl)")
+    min_lr_ratio: float = key(0.0, "the cosine schedule's floor, a fraction of lr", UNIT)
+    clip_grad: float = key(1.0, "max global grad L2 norm; <= 0 disables clipping")
 
     @property
     def schedule(self) -> str:
@@ -46,15 +39,13 @@ class OptimConfig:
 
 @dataclass
 class LoraKeys:
-    """verl's LoRA keys of a model section (``strategy=fsdp``): ``lora_rank`` > 0 freezes the model
-    and trains rank-r adapters on ``target_modules`` (``all-linear``: every linear layer of the
-    decoder layers; or module names such as ``q_proj``), scaled by ``lora_alpha / lora_rank``
-    (workers/engines/lora.py). A critic trains its value head in full beside the adapters."""
+    """verl's LoRA keys of a model section (strategy=fsdp; workers/engines/lora.py)."""
 
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    exclude_modules: list[str] = field(default_factory=list)
+    lora_rank: int = key(0, "> 0 (strategy=fsdp): freeze the model, train rank-r LoRA adapters", NON_NEGATIVE)
+    lora_alpha: float = key(16.0, "the adapters' output is scaled by lora_alpha / lora_rank", GREATER_THAN_0)
+    target_modules: list[str] = key(["all-linear"], "all-linear (every linear layer of the decoder layers) | "
+                                                    "module names, e.g. [q_proj,v_proj]")
+    exclude_modules: list[str] = key([], "module names left out of target_modules")
 
 
 # what verl's checkpoint.save_contents may name; hybridflow always saves the first three
@@ -63,46 +54,32 @@ CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 @dataclass
 class CheckpointContents:
-    """verl's ``checkpoint`` section of the actor and the critic. A checkpoint here always holds
-    the model, the optimizer and the extra state (LR scheduler, RNG), which an exact resume
-    needs; ``hf_model`` adds the full weights as an HF checkpoint in ``<role>/huggingface/``
-    (safetensors + config + tokenizer, for transformers or vLLM as is) at every save."""
+    """verl's ``checkpoint`` section of the actor and the critic."""
 
-    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    load_contents: list[str] | None = None  # None: save_contents
+    save_contents: list[str] = key(["model", "optimizer", "extra"], "always these three (exact resume); "
+                                   "+ hf_model: an HF checkpoint in <role>/huggingface/ at every save")
+    load_contents: list[str] | None = key(None, "null: save_contents")
 
 
 @dataclass
 class FSDPConfig:
-    """Only read when ``strategy == "fsdp"``. ``fsdp_size``: how many data-parallel ranks share one
-    copy of the parameters. -1: all of them (FSDP); 1: none, each rank holds the whole model and
-    gradients are all-reduced (DDP; fastest when the model fits, e.g. small models on CPU);
-    k: HSDP (shard within groups of k, replicate across groups); auto (the default): 1 on a CPU
-    host whose memory holds every role's replicas easily, else -1 (config/auto_fsdp_size.py).
-    ``forward_prefetch`` (sharded layouts, CPU): gather each layer's parameters one layer ahead, in
-    forward and in backward, so the gathers overlap compute (see workers/engines/fsdp_layout.py); on
-    GPU FSDP2 does this itself.
-    ``reshard_after_forward`` (sharded layouts): false keeps each layer's gathered parameters until
-    the engine call ends (a training step: every micro-batch's forward and backward), so each layer
-    is all-gathered once per call; costs a full copy of the parameters per rank meanwhile.
-    ``param_offload`` / ``optimizer_offload`` (verl's keys): on a GPU, the parameters / the
-    optimizer state rest in host memory between engine calls (workers/engines/offload.py), the
-    usual choice for a frozen reference policy; on CPU there is nothing to move."""
+    """Only read with strategy=fsdp (workers/engines/fsdp_layout.py, offload.py)."""
 
-    fsdp_size: int | str = "auto"  # auto | -1 | 1 | k
-    forward_prefetch: bool = True
-    reshard_after_forward: bool = True
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    fsdp_size: int | str = key("auto", "ranks sharing one copy: -1 all (FSDP) | 1 replicate (DDP) | k (HSDP) | "
+                                       "auto: 1 on CPU if it fits, else -1")
+    forward_prefetch: bool = key(True, "sharded, CPU: gather each layer's parameters one layer ahead "
+                                       "(overlaps compute)")
+    reshard_after_forward: bool = key(True, "sharded: false gathers each layer once per engine call and keeps "
+                                            "it (faster, full params per rank)")
+    param_offload: bool = key(False, "GPU: parameters rest in host memory between engine calls")
+    optimizer_offload: bool = key(False, "GPU: optimizer state rests in host memory between steps")
 
 
 @dataclass
 class MegatronConfig:
-    """Only read when ``strategy == "megatron"``; fsdp requires the sizes to stay 1.
-    ``param_offload`` / ``optimizer_offload``: as in :class:`FSDPConfig` (verl keeps them here
-    for Megatron; the optimizer state includes the fp32 master weights of a bf16 model)."""
+    """Only read with strategy=megatron; fsdp requires the sizes to stay 1."""
 
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    tensor_model_parallel_size: int = key(1, "tensor-parallel size", POSITIVE)
+    pipeline_model_parallel_size: int = key(1, "pipeline-parallel size", POSITIVE)
+    param_offload: bool = key(False, "GPU: parameters rest in host memory between engine calls")
+    optimizer_offload: bool = key(False, "GPU: optimizer state (with fp32 master weights) rests in host memory")

@@ -1,49 +1,47 @@
-"""``critic``: the value model trained for GAE (verl's key names).
-
-``critic.enable`` None means "whatever the advantage estimator needs" (only gae uses values);
-``critic.model.path`` None means "start from the actor's model" with a fresh value head.
-``critic.ppo_mini_batch_size`` None means the actor's value.
-"""
+"""``critic``: the value model trained for GAE (verl's key names)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.actor_rollout_ref import DEPRECATED_GLOBAL
+from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig
+from hybridflow.config.keys import GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, key
 
 
 @dataclass
 class CriticModelConfig(LoraKeys):  # LoRA: the adapters and the value head train
-    path: str | None = path_field(None)
-    tokenizer_path: str | None = path_field(None)
-    enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = False
-    # run each distinct prompt of a micro-batch once and share its KV cache among its samples
-    # (exact; FSDP padded layout and Megatron): workers/engines/prefix_sharing.py
-    share_prompt_prefix: bool = True
-    override_config: dict[str, Any] = field(default_factory=dict)  # as actor_rollout_ref.model's
-    external_lib: str | None = None  # as actor_rollout_ref.model's
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)  # verl keeps it under critic.model
+    path: str | None = key(None, "null: the actor's model with a fresh value head", path=True)
+    tokenizer_path: str | None = key(None, "null: the tokenizer saved with the model", path=True)
+    enable_gradient_checkpointing: bool = key(False, "recompute activations in backward (less memory)")
+    use_remove_padding: bool = key(False, "pack sequences without padding tokens")
+    share_prompt_prefix: bool = key(True, "one forward per distinct prompt, its KV cache shared by its n samples")
+    override_config: dict[str, Any] = key({}, "as actor_rollout_ref.model.override_config, for the critic's model")
+    external_lib: str | None = key(None, "as actor_rollout_ref.model.external_lib; null: the actor's")
+    fsdp_config: FSDPConfig = key(FSDPConfig(), "only with strategy=fsdp (verl keeps it under critic.model)")
 
 
 @dataclass
 class CriticConfig:
-    enable: bool | None = None
-    strategy: str = "fsdp"  # fsdp | megatron
-    model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: int | None = None
-    ppo_micro_batch_size_per_gpu: int = 4
-    forward_micro_batch_size_per_gpu: int | None = None  # values pass; null: ppo_micro_batch_size_per_gpu
-    ppo_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    forward_micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    use_dynamic_bsz: bool = False  # micro-batches by token budget (workers/engines/token_budget.py)
-    ppo_max_token_len_per_gpu: int = 32768
-    forward_max_token_len_per_gpu: int | None = None  # values pass; null: ppo_max_token_len_per_gpu
-    ppo_epochs: int | None = None  # None: actor.ppo_epochs
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    param_dtype: str = "auto"  # as the actor's: auto | fp32 | bf16
-    grad_clip: float | None = None  # verl's key for the max grad norm; None: optim.clip_grad
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
-    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
+    enable: bool | None = key(None, "null: on when algorithm.adv_estimator needs values (gae)")
+    strategy: str = key("fsdp", "fsdp | megatron")
+    model: CriticModelConfig = key(CriticModelConfig(), "the value model")
+    optim: OptimConfig = key(OptimConfig(lr=1e-5), "the critic's optimizer")
+    ppo_mini_batch_size: int | None = key(None, "null: actor_rollout_ref.actor.ppo_mini_batch_size",
+                                          OPTIONAL_POSITIVE)
+    ppo_micro_batch_size_per_gpu: int = key(4, "sequences per forward/backward on one worker", POSITIVE)
+    forward_micro_batch_size_per_gpu: int | None = key(None, "the values pass; null: ppo_micro_batch_size_per_gpu",
+                                                       OPTIONAL_POSITIVE)
+    ppo_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
+    forward_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
+    use_dynamic_bsz: bool = key(False, "micro-batches by token budget instead of row count")
+    ppo_max_token_len_per_gpu: int = key(32768, "padded tokens per micro-batch with use_dynamic_bsz", POSITIVE)
+    forward_max_token_len_per_gpu: int | None = key(None, "the values pass; null: ppo_max_token_len_per_gpu",
+                                                    OPTIONAL_POSITIVE)
+    ppo_epochs: int | None = key(None, "null: actor_rollout_ref.actor.ppo_epochs", OPTIONAL_POSITIVE)
+    cliprange_value: float = key(0.5, "the value loss's clip range", GREATER_THAN_0)
+    loss_agg_mode: str = key("token-mean", "as actor_rollout_ref.actor.loss_agg_mode")
+    param_dtype: str = key("auto", "as the actor's: auto | fp32 | bf16")
+    grad_clip: float | None = key(None, "verl's max grad norm key; null: optim.clip_grad")
+    megatron: MegatronConfig = key(MegatronConfig(), "only with strategy=megatron")
+    checkpoint: CheckpointContents = key(CheckpointContents(), "what a checkpoint holds")

@@ -1,43 +1,34 @@
-"""``data``: the prompt data set and the batch shape of one RL step (verl's key names).
-
-``train_batch_size`` counts prompts; each step trains on ``train_batch_size * rollout.n``
-sequences. ``val_batch_size`` None means the whole validation set in one generation call.
-"""
+"""``data``: the prompt data set and the batch shape of one RL step (verl's key names)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.common import PATH
+from hybridflow.config.keys import MAX_SAMPLES, OPTIONAL_POSITIVE, POSITIVE, Range, key
 
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = field(default_factory=lambda: ["data/arithmetic/train.parquet"],
-                                   metadata=PATH)
-    val_files: list[str] = field(default_factory=lambda: ["data/arithmetic/val.parquet"],
-                                 metadata=PATH)
-    prompt_key: str = "prompt"
-    reward_fn_key: str = "data_source"  # the column that picks the reward function (passed as data_source)
-    max_prompt_length: int = 32
-    max_response_length: int = 16
-    train_batch_size: int = 8
-    # prompts generated per batch; more than train_batch_size only with algorithm.filter_groups
-    # (DAPO: generate extra, keep train_batch_size prompts whose samples differ). null: train_batch_size
-    gen_batch_size: int | None = None
-    val_batch_size: int | None = None
-    train_max_samples: int = -1  # the first N prompts of train_files (after length filtering); -1: all
-    val_max_samples: int = -1
-    filter_overlong_prompts: bool = True
-    truncation: str = "error"  # error | left | right (only when not filtering)
-    apply_chat_template: bool | None = None  # None: when the tokenizer has a template
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # the template's variables
-    # verl's loader worker processes; prompts are tokenized once at start-up here and the loader
-    # only indexes them, so there is nothing for worker processes to do: any value runs the same
-    dataloader_num_workers: int = 0
-    shuffle: bool = True
-    seed: int = 0
-    # verl's key (verl re-templates the raw chat for a reward model with its own tokenizer), kept
-    # so verl commands run. Here the reward model shares the actor's tokenizer and every row
-    # carries its raw chat anyway (raw_prompt): true or false changes nothing
-    return_raw_chat: bool = False
+    train_files: list[str] = key(["data/arithmetic/train.parquet"], "parquet or jsonl files, verl's schema",
+                                 path=True)
+    val_files: list[str] = key(["data/arithmetic/val.parquet"], "validation files", path=True)
+    prompt_key: str = key("prompt", "the prompt column", Range(bool, "a column name"))
+    reward_fn_key: str = key("data_source", "the column that picks the reward function (passed as data_source)")
+    max_prompt_length: int = key(32, "tokens of the longest prompt", POSITIVE)
+    max_response_length: int = key(16, "tokens generated per response at most", POSITIVE)
+    train_batch_size: int = key(8, "prompts per step (x rollout.n sequences)", POSITIVE)
+    gen_batch_size: int | None = key(None, "prompts per generation batch; > train_batch_size only with "
+                                           "algorithm.filter_groups; null: train_batch_size", OPTIONAL_POSITIVE)
+    val_batch_size: int | None = key(None, "null: the whole validation set at once", OPTIONAL_POSITIVE)
+    train_max_samples: int = key(-1, "the first N prompts (after length filtering); -1: all", MAX_SAMPLES)
+    val_max_samples: int = key(-1, "as train_max_samples, for val_files", MAX_SAMPLES)
+    filter_overlong_prompts: bool = key(True, "drop prompts longer than max_prompt_length")
+    truncation: str = key("error", "error | left | right (when not filtering)")
+    apply_chat_template: bool | None = key(None, "null: chat-message prompts when the tokenizer has a template; "
+                                                 "true: plain-string prompts too")
+    apply_chat_template_kwargs: dict[str, Any] = key({}, "the template's variables, e.g. "
+                                                         "+data.apply_chat_template_kwargs.enable_thinking=false")
+    dataloader_num_workers: int = key(0, "no effect: prompts are tokenized once at start-up, the loader indexes")
+    shuffle: bool = key(True, "shuffle the prompts each epoch")
+    seed: int = key(0, "the shuffle's seed")
+    return_raw_chat: bool = key(False, "no effect: rows always carry their raw chat (raw_prompt)")

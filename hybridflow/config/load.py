@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from hybridflow.config import auto_fsdp_size
 from hybridflow.config.derived import canonical_strategy, needs_critic, resolve_param_dtype
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.keys import dotted_keys, mapping_keys
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_inert import inert_keys, is_inert, pop_inert_keys
 
@@ -33,32 +34,6 @@ VERL_CONFIG_NAMES = {"ppo_trainer": "'ppo'",
                      "sft_trainer": "'sft'"}
 RESUME_MODES = ("auto", "disable")
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
-
-
-def dotted_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every valid dotted key of a config dataclass tree, sections included."""
-    keys = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        keys.append(key)
-        sub = _dataclass_in(typing.get_type_hints(cls)[f.name])
-        if sub is not None:
-            keys.extend(dotted_keys(sub, key + "."))
-    return keys
-
-
-def mapping_keys(cls: type, prefix: str = "") -> list[str]:
-    """Dotted keys of the dict-typed fields of a config dataclass tree (``reward_kwargs``,
-    ``engine_kwargs.vllm``): their own keys are the user's, so no schema lists them."""
-    keys = []
-    for f in dataclasses.fields(cls):
-        key, tp = f"{prefix}{f.name}", typing.get_type_hints(cls)[f.name]
-        if any(typing.get_origin(t) is dict for t in (tp, *typing.get_args(tp))):
-            keys.append(key)
-        sub = _dataclass_in(tp)
-        if sub is not None:
-            keys.extend(mapping_keys(sub, key + "."))
-    return keys
 
 
 def unknown_key_message(key: str, valid_keys: Sequence[str]) -> str:
@@ -237,15 +212,6 @@ def _plain(cfg: Any) -> Any:
 
 def absolute_path(path: str, base_dir: str | None) -> str:
     return os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(path)))
-
-
-def _dataclass_in(tp: Any) -> type | None:
-    if dataclasses.is_dataclass(tp):
-        return tp
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
 
 
 def _describe(tp: Any) -> str:

@@ -1,62 +1,53 @@
 """``reward_model`` (a learned scorer worker) and ``custom_reward_function`` (a user's rule)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.common import path_field
+from hybridflow.config.actor_rollout_ref import DEPRECATED_GLOBAL
+from hybridflow.config.keys import OPTIONAL_GT_0, POSITIVE, Range, key
 
 
 @dataclass
 class RewardModelModelConfig:
-    path: str | None = path_field(None)  # an HF *ForSequenceClassification checkpoint
-    tokenizer_path: str | None = path_field(None)
-    external_lib: str | None = None  # null: the actor's (verl's default), imported before the model loads
+    path: str | None = key(None, "an HF *ForSequenceClassification checkpoint", path=True)
+    tokenizer_path: str | None = key(None, "null: the tokenizer saved with the model", path=True)
+    external_lib: str | None = key(None, "null: actor_rollout_ref.model.external_lib (verl's default)")
 
 
 @dataclass
 class OverlongBufferConfig:
-    """DAPO's soft overlong punishment, applied by ``reward_manager=dapo``: responses longer than
-    ``data.max_response_length - len`` tokens lose up to ``penalty_factor`` (linearly to the
-    maximum length). ``log`` is verl's switch; the metrics are always logged here."""
+    """DAPO's soft overlong punishment, applied by ``reward_manager=dapo``."""
 
-    enable: bool = False
-    len: int = 4096
-    penalty_factor: float = 1.0
-    log: bool = False
+    enable: bool = key(False, "penalise responses that run into the last len tokens")
+    len: int = key(4096, "the penalty grows over the last len tokens before data.max_response_length")
+    penalty_factor: float = key(1.0, "the penalty at the maximum length")
+    log: bool = key(False, "verl's switch; reward/overlong_* metrics are always logged")
 
 
 @dataclass
 class RewardModelConfig:
-    enable: bool = False
-    # how custom_reward_function is called: naive (once per response) | batch (once per batch,
-    # with lists) | dapo (as naive, plus overlong_buffer's length penalty);
-    # hybridflow/rewards/manager.py. verl keeps these keys here too.
-    reward_manager: str = "naive"
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
-    micro_batch_size_per_gpu: int = 8
-    micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    # score with custom_reward_function in a Ray process of its own while the workers compute
-    # log-probs and values (not with a reward model, or with algorithm.filter_groups: scored at once)
-    launch_reward_fn_async: bool = False
-    # verl's keys for a pool of the reward model's own (nnodes x n_gpus_per_node slots), whatever
-    # trainer.placement does with the other roles; it scores while the actor's pool works
-    enable_resource_pool: bool = False
-    n_gpus_per_node: int = 0
-    nnodes: int = 0
+    enable: bool = key(False, "score with a reward model worker")
+    reward_manager: str = key("naive", "naive: custom_reward_function per response | batch: once per batch, with "
+                                       "lists | dapo: naive + overlong_buffer (hybridflow/rewards/manager.py)")
+    overlong_buffer: OverlongBufferConfig = key(OverlongBufferConfig(), "reward_manager=dapo: DAPO's soft "
+                                                                        "overlong punishment")
+    model: RewardModelModelConfig = key(RewardModelModelConfig(), "the reward model")
+    micro_batch_size_per_gpu: int = key(8, "rows per forward on one worker", POSITIVE)
+    micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
+    launch_reward_fn_async: bool = key(False, "score in a Ray process of its own while the workers compute "
+                                              "log-probs and values")
+    enable_resource_pool: bool = key(False, "true: the reward model gets a pool of its own, nnodes x "
+                                            "n_gpus_per_node slots")
+    n_gpus_per_node: int = key(0, "with enable_resource_pool: slots per node (a positive integer)")
+    nnodes: int = key(0, "with enable_resource_pool: nodes (a positive integer)")
 
 
 @dataclass
 class CustomRewardFunctionConfig:
-    """A user's ``compute_score`` by file path; None uses the built-in scorers by data_source."""
-
-    path: str | None = path_field(None)
-    name: str = "compute_score"
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    # seconds one call may take (once per sample; the batch manager's once per batch), > 0. Calls
-    # run in a child process that is killed at the limit: that sample scores 0.0, counted in
-    # reward/timeouts; a call past min(10 s, half the limit) is warned about while it runs.
-    # null: no limit, calls run in the trainer's own process (hybridflow/rewards/scoring_process.py).
-    # verl has no key for it (its prime manager cuts each call at a fixed 300 s).
-    timeout_s: float | None = 60.0
+    path: str | None = key(None, "a .py file defining compute_score(data_source, solution_str, ground_truth, "
+                                 "extra_info=None); null: built-in scorers by data_source", path=True)
+    name: str = key("compute_score", "the function's name in that file", Range(bool, "a function name"))
+    reward_kwargs: dict[str, Any] = key({}, "extra keyword arguments of each call")
+    timeout_s: float | None = key(60.0, "seconds per call, in a child process (killed past it: scores 0, "
+                                        "counted in reward/timeouts); null: no limit, in-process", OPTIONAL_GT_0)

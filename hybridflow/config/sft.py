@@ -7,17 +7,17 @@ loss covers response tokens only; ``data.train_batch_size`` counts sequences (th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.common import PATH, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig, path_field
+from hybridflow.config.common import FSDPConfig, LoraKeys, MegatronConfig, OptimConfig
 from hybridflow.config.derived import (LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel,
                                        resolve_param_dtype)
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
-from hybridflow.config.ranges import (FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE,
-                                      non_finite_errors, optim_rows, row_errors)
-from hybridflow.config.trainer import RayInitConfig
+from hybridflow.config.keys import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, key
+from hybridflow.config.ranges import tree_range_errors
+from hybridflow.config.trainer import RUN_DIR, RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
 from hybridflow.config.model_files import model_folder_errors
 from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, hub_id_hint, unknown_name
@@ -25,79 +25,82 @@ from hybridflow.config.verl_keys import lora_strategy_errors
 
 
 @dataclass
-class MultiturnConfig:  # verl's data.multiturn: rows are conversations, every assistant turn a target
-    enable: bool = False
-    messages_key: str = "messages"
+class MultiturnConfig:
+    enable: bool = key(False, "rows are conversations; every assistant turn is a target (needs a chat template)")
+    messages_key: str = key("messages", "the column of [{role, content}, ...] lists")
 
 
 @dataclass
 class SFTDataConfig:
-    train_files: list[str] = field(default_factory=lambda: ["data/arithmetic/sft_train.parquet"],
-                                   metadata=PATH)
-    val_files: list[str] = field(default_factory=lambda: ["data/arithmetic/sft_val.parquet"],
-                                 metadata=PATH)
-    prompt_key: str = "prompt"  # a string or a list of chat messages
-    response_key: str = "response"  # a string
-    prompt_dict_keys: list[str] | None = None  # verl's: keys into a dict column, e.g. [question]
-    response_dict_keys: list[str] | None = None
-    max_length: int = 64  # prompt + response tokens
-    truncation: str = "error"  # error | left | right
-    apply_chat_template: bool | None = None
-    multiturn: MultiturnConfig = field(default_factory=MultiturnConfig)
-    train_batch_size: int = 32  # sequences per optimizer step
-    micro_batch_size_per_gpu: int = 8
-    micro_batch_size: int | None = None  # verl's deprecated size over all data-parallel ranks
-    shuffle: bool = True
-    seed: int = 0
+    train_files: list[str] = key(["data/arithmetic/sft_train.parquet"], "parquet or jsonl files", path=True)
+    val_files: list[str] = key(["data/arithmetic/sft_val.parquet"], "validation files", path=True)
+    prompt_key: str = key("prompt", "the prompt column: a string or a list of chat messages")
+    response_key: str = key("response", "the response column: a string")
+    prompt_dict_keys: list[str] | None = key(None, "the prompt column holds a dict: keys to the text, e.g. "
+                                                   "[question] (verl's)")
+    response_dict_keys: list[str] | None = key(None, "as prompt_dict_keys, for the response column")
+    max_length: int = key(64, "prompt + response tokens", POSITIVE)
+    truncation: str = key("error", "error | left | right")
+    apply_chat_template: bool | None = key(None, "null: chat-message prompts when the tokenizer has a template; "
+                                                 "true: plain-string prompts too")
+    multiturn: MultiturnConfig = key(MultiturnConfig(), "verl's data.multiturn")
+    train_batch_size: int = key(32, "sequences per optimizer step", POSITIVE)
+    micro_batch_size_per_gpu: int = key(8, "sequences per forward/backward on one worker", POSITIVE)
+    micro_batch_size: int | None = key(None, "verl's deprecated size over all data-parallel workers (converted)")
+    shuffle: bool = key(True, "shuffle the rows each epoch")
+    seed: int = key(0, "the shuffle's seed")
 
 
 @dataclass
-class SFTModelConfig(LoraKeys):  # LoRA: lora_rank, lora_alpha, target_modules, exclude_modules
-    path: str = path_field("data/models/tiny-qwen2-init")
-    partial_pretrain: str | None = path_field(None)  # verl's SFT name for path; when set, it wins
-    tokenizer_path: str | None = path_field(None)
-    enable_gradient_checkpointing: bool = False
-    strategy: str = "fsdp"
-    param_dtype: str = "auto"  # as the RL actor's: auto | fp32 | bf16
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+class SFTModelConfig(LoraKeys):
+    path: str = key("data/models/tiny-qwen2-init", "the HF checkpoint folder to fine-tune", path=True)
+    partial_pretrain: str | None = key(None, "verl's SFT name for model.path; when set, it wins", path=True)
+    tokenizer_path: str | None = key(None, "null: the tokenizer saved with the model", path=True)
+    enable_gradient_checkpointing: bool = key(False, "recompute activations in backward (less memory)")
+    strategy: str = key("fsdp", "fsdp | megatron")
+    param_dtype: str = key("auto", "auto | fp32 | bf16: as the RL recipes' actor.param_dtype")
+    fsdp_config: FSDPConfig = key(FSDPConfig(), "only with strategy=fsdp")
+    megatron: MegatronConfig = key(MegatronConfig(), "only with strategy=megatron")
 
 
 @dataclass
 class SFTOptimConfig(OptimConfig):
-    warmup_steps_ratio: float | None = None  # verl's SFT name for lr_warmup_steps_ratio; when set, it wins
+    warmup_steps_ratio: float | None = key(None, "verl's SFT name for lr_warmup_steps_ratio; when set, it wins")
 
 
 @dataclass
 class SFTTrainerConfig:
-    device: str = "auto"
-    nnodes: int = 1
-    n_gpus_per_node: int = 1
-    total_epochs: int = 3
-    total_training_steps: int | None = None
-    save_freq: int = -1  # steps between checkpoints (and one at the end); -1: none
-    test_freq: int = -1  # steps between validations; -1: at the end of every epoch
-    default_local_dir: str = path_field("checkpoints/hybridflow-sft/sft")
-    hf_output_dir: str | None = path_field(None)  # the final HF checkpoint; None: <default_local_dir>/hf
-    resume_mode: str = "disable"  # auto | disable | a global_step_* folder | resume_path (verl's)
-    resume_from_path: str | None = path_field(None)  # with resume_mode=resume_path
-    max_ckpt_to_keep: int | None = None  # None: keep all
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    project_name: str = "hybridflow-sft"
-    experiment_name: str = "sft"
-    call_timeout_s: float = 600.0
-    init_timeout_s: float = 1800.0  # the workers' start-up (init_model), as in trainer.py
-    cpus_per_worker: float = 1.0
-    seed: int = 0
+    device: str = key("auto", "auto | cpu | cuda")
+    nnodes: int = key(1, "nodes", POSITIVE)
+    n_gpus_per_node: int = key(1, "GPUs per node; on CPU: worker slots per node", POSITIVE)
+    total_epochs: int = key(3, "passes over the training rows", POSITIVE)
+    total_training_steps: int | None = key(None, "null: epochs x batches per epoch", OPTIONAL_POSITIVE)
+    save_freq: int = key(-1, "steps between checkpoints (plus one at the end); -1: none", FREQ)
+    test_freq: int = key(-1, "steps between validations; -1: after every epoch", FREQ)
+    default_local_dir: str = key("checkpoints/hybridflow-sft/sft", "the run's folder: checkpoints, logs, metrics",
+                                 path=True, composed=RUN_DIR)
+    hf_output_dir: str | None = key(None, "the final HF checkpoint; null: <default_local_dir>/hf", path=True)
+    resume_mode: str = key("disable", "auto (the newest checkpoint under default_local_dir) | disable | a folder | "
+                                      "resume_path")
+    resume_from_path: str | None = key(None, "with resume_mode=resume_path (verl's form): a global_step_N or run "
+                                             "folder", path=True)
+    max_ckpt_to_keep: int | None = key(None, "null: keep all", OPTIONAL_POSITIVE)
+    logger: list[str] = key(["console", "jsonl"], "console | jsonl | tensorboard | mlflow | wandb")
+    project_name: str = key("hybridflow-sft", "the tracking project")
+    experiment_name: str = key("sft", "the tracking run's name")
+    call_timeout_s: float = key(600.0, "every worker call and collective", GREATER_THAN_0)
+    init_timeout_s: float = key(1800.0, "the workers' start-up (init_model)", GREATER_THAN_0)
+    cpus_per_worker: float = key(1.0, "Ray CPU resources per worker process", GREATER_THAN_0)
+    seed: int = key(0, "seeds every rank")
 
 
 @dataclass
 class SFTConfig:
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    model: SFTModelConfig = field(default_factory=SFTModelConfig)
-    optim: SFTOptimConfig = field(default_factory=lambda: SFTOptimConfig(lr=1e-4))
-    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    data: SFTDataConfig = key(SFTDataConfig(), "prompt/response rows and the batch shape")
+    model: SFTModelConfig = key(SFTModelConfig(), "the model fine-tuned")
+    optim: SFTOptimConfig = key(SFTOptimConfig(lr=1e-4), "the optimizer")
+    trainer: SFTTrainerConfig = key(SFTTrainerConfig(), "the loop, outputs and resources")
+    ray_init: RayInitConfig = key(RayInitConfig(), "Ray's start")
 
 
 def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
@@ -126,21 +129,7 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
     from hybridflow.tracking.tracker import BACKENDS, backend_import_errors
 
     d, m, t = cfg.data, cfg.model, cfg.trainer
-    rows = [("data.max_length", d.max_length, POSITIVE), ("data.train_batch_size", d.train_batch_size, POSITIVE),
-            ("data.micro_batch_size_per_gpu", d.micro_batch_size_per_gpu, POSITIVE),
-            ("model.lora_rank", m.lora_rank, NON_NEGATIVE), ("model.lora_alpha", m.lora_alpha, GREATER_THAN_0),
-            ("model.megatron.tensor_model_parallel_size", m.megatron.tensor_model_parallel_size, POSITIVE),
-            ("model.megatron.pipeline_model_parallel_size", m.megatron.pipeline_model_parallel_size, POSITIVE),
-            ("trainer.nnodes", t.nnodes, POSITIVE), ("trainer.n_gpus_per_node", t.n_gpus_per_node, POSITIVE),
-            ("trainer.total_epochs", t.total_epochs, POSITIVE),
-            ("trainer.total_training_steps", t.total_training_steps, OPTIONAL_POSITIVE),
-            ("trainer.save_freq", t.save_freq, FREQ), ("trainer.test_freq", t.test_freq, FREQ),
-            ("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, OPTIONAL_POSITIVE),
-            ("trainer.call_timeout_s", t.call_timeout_s, GREATER_THAN_0),
-            ("trainer.init_timeout_s", t.init_timeout_s, GREATER_THAN_0),
-            ("trainer.cpus_per_worker", t.cpus_per_worker, GREATER_THAN_0)]
-    errors = row_errors([(k, val, *rule) for k, val, rule in rows] + optim_rows("optim", cfg.optim),
-                        non_finite_errors(cfg))
+    errors = tree_range_errors(cfg)
     names = [("model.strategy", m.strategy, STRATEGIES), ("model.param_dtype", m.param_dtype, PARAM_DTYPES),
              (f"optim.{cfg.optim.schedule_key}", cfg.optim.schedule, LR_SCHEDULERS),
              ("data.truncation", d.truncation, TRUNCATION_MODES), ("trainer.device", t.device, DEVICES)]

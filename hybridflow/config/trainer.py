@@ -1,4 +1,4 @@
-"""``trainer`` (the loop, outputs, resources) and ``ray_init``.
+"""``trainer`` (the loop, outputs, resources), ``ray_init`` and ``ray_kwargs``.
 
 On CPU ``n_gpus_per_node`` counts worker slots (one process each). With ``placement=separate``
 the actor+rollout pool keeps ``nnodes * n_gpus_per_node`` slots and the critic, reference and
@@ -6,66 +6,62 @@ reward model share a second pool of ``nnodes * separate_pool_gpus_per_node`` slo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from hybridflow.config.common import PATH
+from hybridflow.config.keys import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, key
+
+RUN_DIR = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
 
 
 @dataclass
 class TrainerConfig:
-    device: str = "auto"  # auto | cpu | cuda
-    nnodes: int = 1
-    n_gpus_per_node: int = 1
-    total_epochs: int = 1
-    total_training_steps: int | None = None  # None: epochs x batches per epoch
-    save_freq: int = -1  # -1: no checkpoints during training
-    test_freq: int = -1  # -1: no validation during training
-    val_before_train: bool = True
-    # order each step's rows so the data-parallel ranks get similar token counts, a prompt's
-    # samples kept together (hybridflow/trainer/balance.py)
-    balance_batch: bool = True
-    val_only: bool = False  # validate the model (or the checkpoint resumed) and stop, no training
-    log_val_generations: int = 0  # validation samples written as text per validation (val_generations.jsonl)
-    critic_warmup: int = 0  # steps that update only the critic before the actor starts (PPO with GAE)
-    default_local_dir: str = field(default="checkpoints/hybridflow/demo", metadata=PATH)
-    default_hdfs_dir: str | None = None  # verl's key; only null (no HDFS upload)
-    resume_mode: str = "auto"  # auto | disable | a checkpoint directory path | resume_path (verl's)
-    resume_from_path: str | None = field(default=None, metadata=PATH)  # with resume_mode=resume_path
-    max_actor_ckpt_to_keep: int | None = None  # None: keep all
-    # verl keeps actor and critic checkpoints apart; here one global_step_N folder holds both, so
-    # the smaller of the two limits applies to the folders
-    max_critic_ckpt_to_keep: int | None = None
-    # folders for verl's generation dumps: one <step>.jsonl per training step / per validation
-    rollout_data_dir: str | None = field(default=None, metadata=PATH)
-    validation_data_dir: str | None = field(default=None, metadata=PATH)
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    project_name: str = "hybridflow"
-    experiment_name: str = "demo"
-    call_timeout_s: float = 600.0  # every remote call and collective
-    # start-up (init_model: build the models, load weights, start vLLM), slow on a loaded machine
-    # without being stuck; collectives inside it are bounded by the larger of the two
-    init_timeout_s: float = 1800.0
-    placement: str = "colocate"  # colocate | separate
-    separate_pool_gpus_per_node: int = 1
-    # placement=separate: the second pool's calls (reward model, reference, values, critic update)
-    # run while the actor's pool works; false runs one stage after the other (to time each alone)
-    overlap_separate_pools: bool = True
-    cpus_per_worker: float = 1.0  # Ray CPU resources per worker process
-    seed: int = 0
+    device: str = key("auto", "auto | cpu | cuda")
+    nnodes: int = key(1, "nodes", POSITIVE)
+    n_gpus_per_node: int = key(1, "GPUs per node; on CPU: worker slots per node", POSITIVE)
+    total_epochs: int = key(1, "passes over the training prompts", POSITIVE)
+    total_training_steps: int | None = key(None, "null: epochs x batches per epoch", OPTIONAL_POSITIVE)
+    save_freq: int = key(-1, "steps between checkpoints; -1: none during training", FREQ)
+    test_freq: int = key(-1, "steps between validations; -1: none during training", FREQ)
+    val_before_train: bool = key(True, "validate before the first step")
+    balance_batch: bool = key(True, "even the tokens per data-parallel rank (a prompt's samples stay together)")
+    val_only: bool = key(False, "validate the model (or the checkpoint resumed) and stop")
+    log_val_generations: int = key(0, "validation samples written as text per validation (val_generations.jsonl)",
+                                   NON_NEGATIVE)
+    critic_warmup: int = key(0, "steps that train only the critic before the actor's first update", NON_NEGATIVE)
+    default_local_dir: str = key("checkpoints/hybridflow/demo", "the run's folder: checkpoints, logs, metrics",
+                                 path=True, composed=RUN_DIR)
+    default_hdfs_dir: str | None = key(None, "only null: no HDFS upload")
+    resume_mode: str = key("auto", "auto | disable | a global_step_N directory | resume_path")
+    resume_from_path: str | None = key(None, "with resume_mode=resume_path (verl's form): the global_step_N "
+                                             "directory", path=True)
+    max_actor_ckpt_to_keep: int | None = key(None, "null: keep all", OPTIONAL_POSITIVE)
+    max_critic_ckpt_to_keep: int | None = key(None, "null: keep all (one folder holds actor and critic: the "
+                                                    "smaller limit wins)", OPTIONAL_POSITIVE)
+    rollout_data_dir: str | None = key(None, "a folder: each step's prompts, responses and scores as <step>.jsonl",
+                                       path=True)
+    validation_data_dir: str | None = key(None, "a folder: each validation's samples as <step>.jsonl", path=True)
+    logger: list[str] = key(["console", "jsonl"], "console | jsonl | tensorboard | mlflow | wandb "
+                                                  "(metrics.jsonl is always written)")
+    project_name: str = key("hybridflow", "the tracking project")
+    experiment_name: str = key("demo", "the tracking run's name")
+    call_timeout_s: float = key(600.0, "every worker call and collective of a step", GREATER_THAN_0)
+    init_timeout_s: float = key(1800.0, "the workers' start-up (init_model: models, weights, vLLM)", GREATER_THAN_0)
+    placement: str = key("colocate", "colocate | separate (critic/ref/reward model on a 2nd pool)")
+    separate_pool_gpus_per_node: int = key(1, "placement=separate: the 2nd pool's slots per node", POSITIVE)
+    overlap_separate_pools: bool = key(True, "separate: the 2nd pool's calls run while the actor's pool works")
+    cpus_per_worker: float = key(1.0, "Ray CPU resources per worker process", GREATER_THAN_0)
+    seed: int = key(0, "seeds every rank")
 
 
 @dataclass
 class RayInitConfig:
-    address: str | None = None  # None: start a local Ray; "auto": join a running cluster
-    num_cpus: int | None = None  # local Ray only; None: Ray's default (the machine's cores)
+    address: str | None = key(None, "null: a local Ray; auto: join a running cluster")
+    num_cpus: int | None = key(None, "local Ray only; null: the machine's cores", OPTIONAL_POSITIVE)
 
 
 @dataclass
 class RayKwargsConfig:
-    """verl's newer home of ``ray_init`` (``ray_kwargs.ray_init.num_cpus=...``). ``load_config``
-    folds a value set here into ``ray_init``, which the rest of the code reads."""
-
-    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
-    # a Chrome trace (chrome://tracing, Perfetto) of every Ray task and actor call of the run,
-    # written when it ends (ray.timeline)
-    timeline_json_file: str | None = field(default=None, metadata=PATH)
+    ray_init: RayInitConfig = key(RayInitConfig(), "verl's newer home of ray_init; a value set here is used "
+                                                   "for ray_init's")
+    timeline_json_file: str | None = key(None, "a Chrome trace of every Ray task and actor call, written when "
+                                               "the run ends", path=True)
