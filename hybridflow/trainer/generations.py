@@ -83,9 +83,12 @@ def carry(batch, texts: Sequence[str] | None, extra_columns: dict[str, Sequence[
     nt[REWARD_EXTRA] = _objects(extras_per_row(extra_columns, len(batch)))[rows]
 
 
-def take_carried(batch) -> dict:
-    """Remove what ``carry`` hung on the batch (the workers need none of it) and return it."""
+def take_carried(batch) -> dict | None:
+    """Remove what ``carry`` hung on the batch (the workers need none of it) and return it; None
+    when nothing hangs there (no dump asked for, or the scores are still being computed)."""
     nt = batch.non_tensor_batch
+    if RESPONSE_TEXT not in nt:
+        return None
     return {"texts": nt.pop(RESPONSE_TEXT), "extras": nt.pop(REWARD_EXTRA)}
 
 

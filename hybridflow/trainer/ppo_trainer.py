@@ -22,7 +22,7 @@ from hybridflow.algorithms import (
 )
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer import checkpoint as ckpt, pool_calls
 from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home before checkpoint.py)
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
@@ -144,50 +144,50 @@ class PPOTrainer:
                 batch = batch.reorder(order)
                 baselines = None if baselines is None else baselines[order]
                 metrics.update(balance_metrics)
-            dump = cfg.trainer.rollout_data_dir
-            carried = take_carried(batch) if dump and pending is None else None  # kept off the workers
-            started = {}  # the other pool's forward passes, running while the actor's pool works
-            if self.use_ref and "ref" in self.overlapped:
-                started["ref"] = self.ref.submit("compute_ref_log_prob", batch)
-            if self.critic is not None and "critic" in self.overlapped:
-                started["values"] = self.critic.submit("compute_values", batch)
+            carried = take_carried(batch)  # the dump's texts: they followed the rows this far, not to the workers
+            # a role on a pool of its own starts now and works while the actor's pool does
+            ref = self._start("ref", "compute_ref_log_prob", batch) if self.use_ref else None
+            values = self._start("critic", "compute_values", batch) if self.critic is not None else None
             if not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))
                 if "rollout_log_probs" in batch.keys():
                     metrics.update(rollout_probs_diff(batch))
-            if self.use_ref:
+            if ref is not None:
                 with timer("ref", metrics):
-                    batch.union(started["ref"].get() if "ref" in started else self.ref.compute_ref_log_prob(batch))
-            if self.critic is not None:
+                    batch.union(ref.get())
+            if values is not None:
                 with timer("values", metrics):
-                    batch.union(started["values"].get() if "values" in started else self.critic.compute_values(batch))
+                    batch.union(values.get())
             if pending is not None:  # scored in the reward process meanwhile
                 with timer("reward", metrics):  # only what the overlap did not hide
                     self._apply_scores(batch, pending.result(), metrics, order)
-                carried = take_carried(batch) if dump else None
+                carried = take_carried(batch)
 
             with timer("adv", metrics):
                 self.compute_advantages(batch, baselines, metrics)
-            critic_update = None
-            if self.critic is not None and "critic" in self.overlapped:  # trains while the actor does
-                critic_update = self.critic.submit("update_critic", batch)
-            elif self.critic is not None:
-                with timer("update_critic", metrics):
-                    metrics.update(_mean_dicts(self.critic.update_critic(batch)))
-            if self.global_step > cfg.trainer.critic_warmup:  # first let the critic learn the returns
+            if self.critic is not None:  # verl's order: the critic's update, then the actor's
+                with timer("update_critic", metrics):  # on a pool of its own it only starts here
+                    critic_update = self._start("critic", "update_critic", batch, at_once=True)
+            if self.global_step >= cfg.trainer.critic_warmup:  # verl's count: critic_warmup - 1 critic-only steps
                 with timer("update_actor", metrics):
                     metrics.update(_mean_dicts(self.actor.update_actor(batch)))
-            if critic_update is not None:
+            if self.critic is not None:  # on a pool of its own it trained while the actor did
                 with timer("update_critic", metrics):
                     metrics.update(_mean_dicts(critic_update.get()))
         metrics.update(data_metrics(batch, use_critic=self.critic is not None))
         metrics.update(throughput_metrics(batch, metrics, self.actor.world_size))
-        if carried is not None:
+        if carried is not None:  # trainer.rollout_data_dir
             with timer("dump_rollout", metrics):
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step,
                                  rollout_rows(batch, carried, self.tokenizer))
         return metrics
+
+    def _start(self, role: str, method: str, batch: DataProto, at_once: bool = False):
+        """``role``'s group's ``method(batch)``; ``get()`` gives its result (trainer/pool_calls.py:
+        submitted now on a pool of its own, else made in turn at ``get()``, or now ``at_once``)."""
+        group = {"ref": self.ref, "critic": self.critic}[role]
+        return pool_calls.start(group, method, batch, role in self.overlapped, at_once)
 
     # ------------------------------------------------------------------ pieces
     def _rollout(self, batch: DataProto, metrics: dict):

@@ -68,7 +68,8 @@ def _changed_tensors(initial_dir: str, trained_dir: str) -> list[str]:
 def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str, ...] = (),
               critic_warmup: int = 0, probs_diff_tol: float = PROBS_DIFF_TOL) -> dict[int, dict]:
     """The assertions every successful recipe run must satisfy; returns the metrics by step.
-    During ``critic_warmup`` steps the actor is not updated, so it logs no ``actor/`` metric."""
+    Before step ``critic_warmup`` (verl's count: k - 1 critic-only steps) the actor is not
+    updated, so it logs no ``actor/`` metric."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-6000:]}"
     assert os.path.getsize(os.path.join(out_dir, "reward_curve.png")) > 0
     metrics = _read_metrics(out_dir)
@@ -76,10 +77,10 @@ def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str
     assert math.isfinite(metrics[0]["val/score/mean"])
     for step in range(1, STEPS + 1):
         row = metrics[step]
-        if step <= critic_warmup:
+        if step < critic_warmup:
             assert not [key for key in row if key.startswith("actor/")], (step, sorted(row))
         for key in STEP_METRICS + extra_metrics:
-            if step <= critic_warmup and key.startswith("actor/"):
+            if step < critic_warmup and key.startswith("actor/"):
                 continue
             assert key in row, f"step {step}: {key} missing from metrics.jsonl"
             assert isinstance(row[key], (int, float)) and math.isfinite(row[key]), f"step {step}: {key}={row[key]}"
@@ -161,7 +162,7 @@ def test_ppo_with_critic_gae_megatron_tp2_actor_and_reward_model(recipe_assets, 
     """PPO with a critic: the actor trains with Megatron TP=2 and generates with vLLM TP=2 (weights
     resharded between them); the scores come from the sequence-classification reward model
     instead of a function; the critic in the replicated layout (fsdp_size=1: DDP, no sharding);
-    one critic warm-up step (trainer.critic_warmup); verl's deprecated global
+    one critic warm-up step (trainer.critic_warmup=2, as verl counts); verl's deprecated global
     critic.ppo_micro_batch_size (4 over 2 workers: 2 per worker); the step-2 checkpoint holds the
     value model as an HF checkpoint (checkpoint.save_contents hf_model)."""
     from transformers import AutoModelForTokenClassification
@@ -173,12 +174,12 @@ def test_ppo_with_critic_gae_megatron_tp2_actor_and_reward_model(recipe_assets, 
         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "reward_model.enable=True", f"reward_model.model.path={recipe_assets.reward_model}",
-        "critic.model.fsdp_config.fsdp_size=1", "trainer.critic_warmup=1", "trainer.save_freq=2",
+        "critic.model.fsdp_config.fsdp_size=1", "trainer.critic_warmup=2", "trainer.save_freq=2",
         "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
     assert "critic.ppo_micro_batch_size=4 is deprecated (verl): using critic.ppo_micro_batch_size_per_gpu=2" in result.stderr
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean",
-                                       "critic/vf_explained_var", "critic/rm_score/mean"), critic_warmup=1)
+                                       "critic/vf_explained_var", "critic/rm_score/mean"), critic_warmup=2)
     # the RM's scores are the rewards (the digit-fraction function would give values in [0, 1])
     assert metrics[1]["critic/score/mean"] == pytest.approx(metrics[1]["critic/rm_score/mean"], abs=1e-5)
     # GAE advantages are whitened over the batch (mean 0), unlike GRPO's per-group ones
