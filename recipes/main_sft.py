@@ -1,4 +1,4 @@
-"""SFT entry point: ``python -m recipes.main_sft key=value ...`` (config: recipes/config/sft.yaml)."""
+"""SFT entry point: ``python -m recipes.main_sft key=value ...``; --help lists the keys (hybridflow/config/sft.py)."""
 from __future__ import annotations
 
 import os

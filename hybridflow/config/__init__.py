@@ -17,9 +17,9 @@ from hybridflow.config.derived import (
     rollout_engine_kwargs,
 )
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.load import (
-    cli_info, compose_config, dotted_keys, load_config, split_cli_args, to_dataclass,
-)
+from hybridflow.config.cli import cli_info, compose_config, split_cli_args
+from hybridflow.config.keys import dotted_keys
+from hybridflow.config.load import load_config, to_dataclass
 from hybridflow.config.model_checks import read_model_config
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig, RewardModelModelConfig
 from hybridflow.config.root import RootConfig

@@ -13,25 +13,19 @@ import difflib
 import os
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from hybridflow.config import auto_fsdp_size
 from hybridflow.config.derived import canonical_strategy, needs_critic, resolve_param_dtype
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.keys import dotted_keys, mapping_keys
+from hybridflow.config.keys import dotted_keys
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_inert import inert_keys, is_inert, pop_inert_keys
+from hybridflow.config.verl_inert import inert_keys, pop_inert_keys
 
 T = TypeVar("T")
 # Top-level nodes Hydra itself may leave in a composed config.
 IGNORED_TOP_LEVEL = ("hydra",)
-RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipes" / "config")
-# verl's config names -> what to pass here instead
-VERL_CONFIG_NAMES = {"ppo_trainer": "'ppo'",
-                     "ppo_megatron_trainer": "'ppo' with actor_rollout_ref.actor.strategy=megatron",
-                     "sft_trainer": "'sft'"}
 RESUME_MODES = ("auto", "disable")
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
 
@@ -128,70 +122,6 @@ def _absolutize_paths(node: Any, base_dir: str | None) -> None:
             setattr(node, f.name, absolute_path(value, base_dir))
         elif f.metadata.get("path") and isinstance(value, list):
             setattr(node, f.name, [absolute_path(v, base_dir) for v in value])
-
-
-def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_dir: str | None = None,
-                   schema: type = RootConfig):
-    """Hydra's compose API with verl-style errors: an override of a key that does not exist
-    raises :class:`ConfigError` naming it and the closest valid key (Hydra's own message only
-    suggests ``+key=``), or, for a new key under a free-form mapping (:func:`mapping_keys`), the
-    ``+key=value`` override that adds it. Returns the composed DictConfig; pass it to
-    :func:`load_config`."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    folder = config_dir or RECIPES_CONFIG_DIR
-    if not Path(folder, config_name.removesuffix(".yaml") + ".yaml").is_file():
-        names = sorted(p.stem for p in Path(folder).glob("*.yaml"))
-        hint = VERL_CONFIG_NAMES.get(config_name.removesuffix(".yaml"))
-        raise ConfigError(f"--config-name {config_name}: no such config in {folder}: use one of "
-                          f"{', '.join(names)}" + (f" (verl's {config_name} is {hint} here)" if hint else ""))
-    # verl's inert keys are not in the recipes' YAML: let Hydra add them ("++" adds or replaces)
-    inert = inert_keys(schema)
-    overrides = [f"++{o.lstrip('+')}" if is_inert(_override_key(o) or "", inert) else o for o in overrides]
-    try:
-        with initialize_config_dir(config_dir=folder, version_base=None):
-            return compose(config_name=config_name, overrides=overrides)
-    except HydraException as exc:
-        valid, mappings = dotted_keys(schema), mapping_keys(schema)
-        messages = []
-        for override in overrides:
-            key = _override_key(override)
-            if key is None or key in valid or is_inert(key, inert):
-                continue
-            mapping = next((m for m in mappings if key.startswith(m + ".")), None)
-            if mapping is None:
-                messages.append(unknown_key_message(key, valid))
-            elif not override.startswith("+"):  # with '+' Hydra adds it: another override failed
-                messages.append(f"config key '{key}' is new: '{mapping}' is a free-form mapping, so add "
-                                f"a key to it with Hydra's '+' prefix: +{override}")
-        if messages:
-            raise ConfigError("; ".join(messages)) from exc
-        raise ConfigError(str(exc).strip().replace("\n", " ")) from exc
-
-
-def split_cli_args(argv: Sequence[str], default_config_name: str) -> tuple[str, list[str]]:
-    """``['--config-name', 'grpo', 'k=v']`` -> ``('grpo', ['k=v'])`` (also ``-cn X``,
-    ``--config-name=X``), for entry points that call :func:`compose_config` themselves."""
-    name, overrides, args = default_config_name, [], list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg in ("--config-name", "-cn"):
-            if not args:
-                raise ConfigError(f"{arg} needs a config name, e.g. {arg} grpo")
-            name = args.pop(0)
-        elif arg.startswith("--config-name="):
-            name = arg.split("=", 1)[1]
-        else:
-            overrides.append(arg)
-    return name, overrides
-
-
-def _override_key(override: str) -> str | None:
-    if override.startswith("~") or "=" not in override:
-        return None  # deletions and flags are Hydra's business
-    key = override.split("=", 1)[0].lstrip("+")
-    return None if key.startswith("hydra.") or "@" in key else key
 
 
 def _plain(cfg: Any) -> Any:
@@ -308,28 +238,3 @@ class _Builder:
         self.errors.append(f"config key '{key}' must be {_describe(tp)}, got "
                            f"{type(value).__name__} {value!r}{hint}")
         return value
-
-
-def cli_info(argv: Sequence[str], default_config_name: str, usage: str,
-             schema: type = RootConfig) -> str | None:
-    """What ``--help`` / ``-h`` and Hydra's ``--cfg job`` ask an entry point to print instead of
-    running, or None to run. ``--cfg job`` (also ``all``) prints the composed config as YAML
-    after the overrides, so a user sees every key and value the run would get; keys the run
-    would reject (unknown, wrongly typed) are rejected here too."""
-    args = list(argv)
-    if "--help" in args or "-h" in args:
-        configs = sorted(p.stem for p in Path(RECIPES_CONFIG_DIR).glob("*.yaml"))
-        return (f"{usage.strip()}\n\nconfigs (--config-name): {', '.join(configs)} (default "
-                f"{default_config_name})\nprint a config with its overrides applied: --cfg job key=value ...")
-    if "--cfg" not in args:
-        return None
-    at = args.index("--cfg")
-    what = args[at + 1] if at + 1 < len(args) else None
-    if what not in ("job", "all"):
-        raise ConfigError(f"--cfg takes 'job' (the run's config), e.g. --cfg job; got {what!r}")
-    from omegaconf import OmegaConf
-
-    name, overrides = split_cli_args(args[:at] + args[at + 2:], default_config_name)
-    composed = compose_config(name, overrides, schema=schema)
-    to_dataclass(schema, composed)  # an added (+) key or a wrong type fails here as it would in a run
-    return OmegaConf.to_yaml(composed).rstrip()

@@ -1,4 +1,4 @@
-"""The SFT recipe's config (``recipes/config/sft.yaml``, ``python -m recipes.main_sft``).
+"""The SFT recipe's config (``--config-name sft``, ``python -m recipes.main_sft``).
 
 Supervised fine-tuning on prompt/response pairs, used to warm-start a policy before RL. The
 loss covers response tokens only; ``data.train_batch_size`` counts sequences (there is no
