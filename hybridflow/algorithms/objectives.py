@@ -12,7 +12,7 @@ values, averaged by the engine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -40,6 +40,15 @@ class ActorObjective:
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
     skip_zero_advantage: bool = True
+
+    @classmethod
+    def from_section(cls, actor) -> "ActorObjective":
+        """The objective of an actor config section (``actor_rollout_ref.actor``, or any object with
+        these attributes): every field is read by its own name, so a new loss key is a field here and
+        on the section, and nothing copies it in between. ``policy_loss`` is verl's section:
+        its ``loss_mode``."""
+        values = {f.name: getattr(actor, f.name) for f in fields(cls)}
+        return cls(**{**values, "policy_loss": actor.policy_loss.loss_mode})
 
     @property
     def needs_entropy(self) -> bool:

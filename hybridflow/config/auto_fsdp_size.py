@@ -15,7 +15,8 @@ on a host) x (bytes of one replica) must be at most a quarter of the host's memo
 limit, if lower). A replica is 4 bytes per parameter (fp32 masters), plus 12 for a trained role
 (gradient and two Adam moments; LoRA trains few enough to leave out). Parameters are counted from
 the checkpoint's safetensors headers; a checkpoint without them shards. The decision is one for
-all roles, said once on stderr, and ``fsdp_size=-1`` or ``1`` set by hand is kept as given.
+all roles, said once on stderr (config/resolve.py builds the roles of a run and says it), and
+``fsdp_size=-1`` or ``1`` set by hand is kept as given.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import glob
 import json
 import os
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 AUTO = "auto"
@@ -100,40 +102,17 @@ class Role(NamedTuple):
     used: bool = True
 
 
-def resolve_rl(cfg) -> None:
-    """Resolve every ``auto`` fsdp_size of an RL config (``RootConfig``) in place."""
-    from hybridflow.config.derived import needs_critic, needs_reference
-
-    arr, tr = cfg.actor_rollout_ref, cfg.trainer
-    side = tr.separate_pool_gpus_per_node if tr.placement == "separate" else tr.n_gpus_per_node
-    roles = [Role("actor", arr.actor.strategy, arr.actor.fsdp_config, arr.model.path, True,
-                  arr.model.lora_rank > 0, tr.n_gpus_per_node),
-             Role("reference", arr.actor.strategy, arr.ref.fsdp_config, arr.model.path, False, False, side,
-                  used=needs_reference(cfg))]
-    if needs_critic(cfg):
-        roles.append(Role("critic", cfg.critic.strategy, cfg.critic.model.fsdp_config,
-                          cfg.critic.model.path or arr.model.path, True, cfg.critic.model.lora_rank > 0, side))
-    _resolve(roles, tr.device)
-
-
-def resolve_sft(sft) -> None:
-    """The same for the SFT recipe's one model."""
-    m = sft.model
-    _resolve([Role("model", m.strategy, m.fsdp_config, m.path, True, m.lora_rank > 0, sft.trainer.n_gpus_per_node)],
-             sft.trainer.device)
-
-
-def _resolve(roles: list[Role], device: str) -> None:
+def resolve(roles: list[Role], on_gpu: Callable[[], bool]) -> str | None:
+    """Set every ``auto`` fsdp_size of ``roles`` in place (``on_gpu`` is asked only when the answer
+    depends on it). Returns the line that says what was chosen and why, or None when there was
+    nothing to choose."""
     auto = [r for r in roles if r.fsdp_config.fsdp_size == AUTO]
     for role in auto:
         if role.strategy != "fsdp":  # megatron reads no fsdp_size; -1 is what validation expects there
             role.fsdp_config.fsdp_size = -1
     auto = [r for r in auto if r.strategy == "fsdp"]
     if not auto:
-        return
-    from hybridflow.config.derived import say_once
-    from hybridflow.device import uses_gpu  # lazy: keeps config import torch-free
-
+        return None
     live = [r for r in auto if r.used]
     offloaded = [r.name for r in live if r.fsdp_config.param_offload or r.fsdp_config.optimizer_offload]
     if max((r.workers_per_host for r in live), default=1) == 1:  # one worker per role: nothing to shard or replicate
@@ -146,9 +125,10 @@ def _resolve(roles: list[Role], device: str) -> None:
             count = checkpoint_parameter_count(r.model_path)
             sizes.append((r.name, None if count is None else replica_bytes(count, r.trained, r.lora),
                           r.workers_per_host))
-        size, why = choose(sizes, uses_gpu(device), host_memory_bytes())
+        size, why = choose(sizes, on_gpu(), host_memory_bytes())
     for role in auto:
         role.fsdp_config.fsdp_size = size
-    if why:
-        layout = "1 (replicated, DDP)" if size == 1 else "-1 (sharded over all workers)"
-        say_once(f"fsdp_size=auto -> {layout}: {why}. Set fsdp_config.fsdp_size explicitly (-1 | 1 | k) to choose.")
+    if not why:
+        return None
+    layout = "1 (replicated, DDP)" if size == 1 else "-1 (sharded over all workers)"
+    return f"fsdp_size=auto -> {layout}: {why}. Set fsdp_config.fsdp_size explicitly (-1 | 1 | k) to choose."

@@ -8,11 +8,11 @@ rank running ``ppo_micro_batch_size_per_gpu`` sequences per forward/backward.
 """
 from __future__ import annotations
 
-import functools
-import sys
 from dataclasses import dataclass
 
-from hybridflow.config import auto_fsdp_size
+from hybridflow.config.resolve import (  # noqa: F401 (estimator_needs_critic, say_once: importers of derived)
+    estimator_needs_critic, needs_critic, needs_reference, resolve, say_once,
+)
 from hybridflow.config.root import RootConfig
 
 # Mirrors of names owned by workers/ (tests check they stay equal to the workers' tuples).
@@ -20,7 +20,7 @@ STRATEGIES = ("fsdp", "megatron")
 # verl names its FSDP2 engine "fsdp2" and its FSDP1 engine "fsdp"; the FSDP engine here is FSDP2,
 # so both spellings select it
 STRATEGY_ALIASES = {"fsdp2": "fsdp"}
-PARAM_DTYPES = ("auto", "fp32", "bf16")  # auto: resolve_param_dtype
+PARAM_DTYPES = ("auto", "fp32", "bf16")  # auto: resolve.resolve_param_dtype
 LR_SCHEDULERS = ("constant", "cosine")
 ROLLOUT_NAMES = ("vllm", "hf")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -31,47 +31,11 @@ def canonical_strategy(name):
     return STRATEGY_ALIASES.get(name, name)
 
 
-def resolve_param_dtype(value: str, device: str) -> str:
-    """``auto`` -> ``bf16`` where bf16 matmuls are native on ``trainer.device`` (a GPU since Ampere;
-    a CPU where a timed bf16 matmul beats fp32 by 1.5x), else ``fp32``; other values pass unchanged.
-    Says once per process what it chose and why, on stderr."""
-    if value != "auto":
-        return value
-    from hybridflow.device import auto_param_dtype, uses_gpu  # lazy: keeps config import torch-free
-
-    dtype, why = auto_param_dtype(uses_gpu(device))
-    say_once(f"param_dtype=auto -> {dtype}: {why}. Set it explicitly (fp32 | bf16) to choose.")
-    return dtype
-
-
-@functools.cache
-def say_once(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def reward_pool_world(cfg: RootConfig) -> int:
     """Workers of the reward model's own pool (verl's ``reward_model.enable_resource_pool``); 0 when
     it shares a pool with other roles."""
     rm = cfg.reward_model
     return rm.nnodes * rm.n_gpus_per_node if rm.enable and rm.enable_resource_pool else 0
-
-
-def needs_critic(cfg: RootConfig) -> bool:
-    """``critic.enable`` if set, else whether the estimator uses values (gae)."""
-    if cfg.critic.enable is not None:
-        return cfg.critic.enable
-    return estimator_needs_critic(cfg.algorithm.adv_estimator)
-
-
-def estimator_needs_critic(adv_estimator: str) -> bool:
-    from hybridflow.algorithms import ADVANTAGE_ESTIMATORS  # lazy: keeps config import torch-free
-
-    est = ADVANTAGE_ESTIMATORS.get(adv_estimator)
-    return est is not None and est.needs_critic
-
-
-def needs_reference(cfg: RootConfig) -> bool:
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 def reward_fn_runs_async(cfg: RootConfig) -> bool:
@@ -82,7 +46,8 @@ def reward_fn_runs_async(cfg: RootConfig) -> bool:
 
 
 def critic_shares_actor_model(cfg: RootConfig) -> bool:
-    """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model."""
+    """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model
+    (``resolve.critic_model_path``)."""
     return cfg.critic.model.path in (None, cfg.actor_rollout_ref.model.path)
 
 
@@ -132,6 +97,7 @@ class Derived:
     actor_micro_batches_per_mini: int  # gradient-accumulation steps per rank
     actor_optimizer_steps_per_step: int  # ppo_epochs * mini-batches
     critic_mini_batch_size: int  # prompts
+    critic_ppo_epochs: int
     critic_optimizer_steps_per_step: int
     steps_per_epoch: int | None  # None when the data set length is unknown
     total_training_steps: int | None
@@ -164,8 +130,10 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
     """Derived sizes; assumes ``validate(cfg)`` passed (divisions are exact there).
 
     ``dataset_len`` is the number of training prompts after filtering; the loader drops the last
-    partial batch, so an epoch is ``dataset_len // train_batch_size`` steps.
+    partial batch, so an epoch is ``dataset_len // train_batch_size`` steps. A config built in code
+    rather than by ``load_config`` has its ``auto`` values resolved here (a loaded one has none left).
     """
+    resolve(cfg)
     arr, tr = cfg.actor_rollout_ref, cfg.trainer
     n = arr.rollout.n
     world = tr.nnodes * tr.n_gpus_per_node
@@ -197,7 +165,7 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
         actor_mini_batches_per_epoch=actor_minis,
         actor_micro_batches_per_mini=max(1, mini_seqs_per_rank // arr.actor.ppo_micro_batch_size_per_gpu),
         actor_optimizer_steps_per_step=actor_opt_steps,
-        critic_mini_batch_size=critic_mini,
+        critic_mini_batch_size=critic_mini, critic_ppo_epochs=critic_epochs,
         critic_optimizer_steps_per_step=critic_opt_steps,
         steps_per_epoch=per_epoch, total_training_steps=total,
         actor_warmup_steps=_warmup(arr.actor.optim, None if total is None else total * actor_opt_steps),
@@ -205,22 +173,27 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
     )
 
 
-def _engine_kwargs(strategy, megatron, param_dtype, optim, model, micro, total_opt_steps, warmup, seed,
-                   fsdp_config, infer_micro=None, max_tokens=None, infer_max_tokens=None, grad_clip=None):
-    tp, pp = model_parallel(strategy, megatron)
+def _trained_engine_kwargs(cfg: RootConfig, role, model, fsdp_config, total_steps: int, warmup) -> dict:
+    """What the actor's and the critic's engines read alike from their own section (``role``), its
+    model section and its ``fsdp_config``; ``total_steps``: optimizer steps in the run, 0 unknown."""
+    tp, pp = model_parallel(role.strategy, role.megatron)
+    optim = role.optim
     return dict(
-        strategy=strategy, tp=tp, pp=pp, param_dtype=param_dtype, lr=optim.lr,
-        fsdp_size=fsdp_config.fsdp_size, forward_prefetch=fsdp_config.forward_prefetch,
-        reshard_after_forward=fsdp_config.reshard_after_forward,
-        **offload_kwargs(strategy, fsdp_config, megatron),
+        strategy=role.strategy, tp=tp, pp=pp, param_dtype=role.param_dtype, lr=optim.lr,
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
-        warmup_steps=warmup or 0, lr_schedule=optim.schedule, total_steps=total_opt_steps or 0,
-        min_lr_ratio=optim.min_lr_ratio, micro_batch_size_per_gpu=micro,
-        grad_clip=optim.clip_grad if grad_clip is None else grad_clip,  # verl has both keys
-        infer_micro_batch_size_per_gpu=infer_micro, max_token_len_per_gpu=max_tokens,
-        infer_max_token_len_per_gpu=infer_max_tokens,
-        gradient_checkpointing=model.enable_gradient_checkpointing,
-        use_remove_padding=model.use_remove_padding, share_prompt_prefix=model.share_prompt_prefix, seed=seed)
+        warmup_steps=warmup or 0, lr_schedule=optim.schedule, min_lr_ratio=optim.min_lr_ratio,
+        total_steps=total_steps,
+        grad_clip=optim.clip_grad if role.grad_clip is None else role.grad_clip,  # verl has both keys
+        micro_batch_size_per_gpu=role.ppo_micro_batch_size_per_gpu,
+        max_token_len_per_gpu=role.ppo_max_token_len_per_gpu if role.use_dynamic_bsz else None,
+        gradient_checkpointing=model.enable_gradient_checkpointing, use_remove_padding=model.use_remove_padding,
+        share_prompt_prefix=model.share_prompt_prefix, seed=cfg.trainer.seed,
+        **fsdp_kwargs(fsdp_config), **offload_kwargs(role.strategy, fsdp_config, role.megatron), **lora_kwargs(model))
+
+
+def fsdp_kwargs(fsdp_config) -> dict:
+    return dict(fsdp_size=fsdp_config.fsdp_size, forward_prefetch=fsdp_config.forward_prefetch,
+                reshard_after_forward=fsdp_config.reshard_after_forward)
 
 
 def offload_kwargs(strategy: str, fsdp_config, megatron) -> dict:
@@ -247,41 +220,39 @@ def lora_kwargs(model) -> dict:
 
 
 def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
-    """Arguments of ``workers.engines.config.EngineConfig`` for the actor (and, with the same
-    parallel sizes, the reference policy, which build.py gives no adapters)."""
-    actor, d = cfg.actor_rollout_ref.actor, derived
-    auto_fsdp_size.resolve_rl(cfg)  # a config built in code, not by load_config, may still say auto
-    total = None if d.total_training_steps is None else d.total_training_steps * d.actor_optimizer_steps_per_step
-    dtype = resolve_param_dtype(actor.param_dtype, cfg.trainer.device)
-    engine = _engine_kwargs(actor.strategy, actor.megatron, dtype, actor.optim,
-                            cfg.actor_rollout_ref.model, actor.ppo_micro_batch_size_per_gpu, total,
-                            d.actor_warmup_steps, cfg.trainer.seed, actor.fsdp_config,
-                            cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
-                            actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-                            log_prob_token_budget(cfg, cfg.actor_rollout_ref.rollout), actor.grad_clip)
-    return engine | lora_kwargs(cfg.actor_rollout_ref.model) | {
-        "override_config": dict(cfg.actor_rollout_ref.model.override_config)}
+    """Arguments of ``workers.engines.config.EngineConfig`` for the actor (the engines' settings are
+    built here and in the two functions below, nowhere else)."""
+    arr, d = cfg.actor_rollout_ref, derived
+    total = (d.total_training_steps or 0) * d.actor_optimizer_steps_per_step
+    return _trained_engine_kwargs(cfg, arr.actor, arr.model, arr.actor.fsdp_config, total,
+                                  d.actor_warmup_steps) | dict(
+        infer_micro_batch_size_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu,
+        infer_max_token_len_per_gpu=log_prob_token_budget(cfg, arr.rollout),
+        override_config=dict(arr.model.override_config))
+
+
+def ref_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
+    """The reference policy's: the actor's model and parallel sizes with the ``ref`` section's
+    micro-batches, fsdp and offload keys, and no adapters (colocated with a LoRA actor, the worker
+    uses the actor's engine with its adapters off instead of this one)."""
+    arr = cfg.actor_rollout_ref
+    ref = arr.ref
+    return actor_engine_kwargs(cfg, derived) | dict(
+        micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
+        infer_micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
+        infer_max_token_len_per_gpu=log_prob_token_budget(cfg, ref), lora_rank=0,
+        **fsdp_kwargs(ref.fsdp_config), **offload_kwargs(arr.actor.strategy, ref.fsdp_config, ref.megatron))
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     critic, d = cfg.critic, derived
-    auto_fsdp_size.resolve_rl(cfg)
-    total = None if d.total_training_steps is None else d.total_training_steps * d.critic_optimizer_steps_per_step
-    dtype = resolve_param_dtype(critic.param_dtype, cfg.trainer.device)
-    engine = _engine_kwargs(critic.strategy, critic.megatron, dtype, critic.optim,
-                            critic.model, critic.ppo_micro_batch_size_per_gpu, total,
-                            d.critic_warmup_steps, cfg.trainer.seed, critic.model.fsdp_config,
-                            critic.forward_micro_batch_size_per_gpu,
-                            critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
-                            (critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)
-                            if critic.use_dynamic_bsz else None, critic.grad_clip)
-    return engine | lora_kwargs(critic.model) | {"override_config": critic_override_config(cfg)}
-
-
-# rollout.dtype=auto in a recipe: generate in the dtype the actor computes in, so vLLM's sampling
-# log-probs and the trainer's agree (an fp32 trainer next to a bf16 engine, e.g. from a checkpoint
-# saved in bf16, measured rollout_probs_diff_max 2-3e-3 instead of ~2e-7)
-ROLLOUT_DTYPE_OF_PARAM_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+    forward_budget = critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu
+    total = (d.total_training_steps or 0) * d.critic_optimizer_steps_per_step
+    return _trained_engine_kwargs(cfg, critic, critic.model, critic.model.fsdp_config, total,
+                                  d.critic_warmup_steps) | dict(
+        infer_micro_batch_size_per_gpu=critic.forward_micro_batch_size_per_gpu,
+        infer_max_token_len_per_gpu=forward_budget if critic.use_dynamic_bsz else None,
+        override_config=critic_override_config(cfg))
 
 
 def rollout_engine_kwargs(cfg: RootConfig) -> dict:
@@ -290,8 +261,6 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
     verl's dummy_* load formats (dummy_dtensor, dummy_hf, dummy_megatron: named after the
     training backend that fills the weights) are all vLLM's "dummy" random init."""
     r = cfg.actor_rollout_ref.rollout
-    actor_dtype = resolve_param_dtype(cfg.actor_rollout_ref.actor.param_dtype, cfg.trainer.device)
-    dtype = ROLLOUT_DTYPE_OF_PARAM_DTYPE[actor_dtype] if r.dtype == "auto" else r.dtype
     return dict(
         name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
         do_sample=r.do_sample, ignore_eos=r.ignore_eos,
@@ -301,7 +270,7 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
         cpu_live_weights=r.cpu_live_weights,
         max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager, dtype=dtype,
+        enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager, dtype=r.dtype,
         enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
         load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
         vllm_engine_kwargs=dict(r.engine_kwargs.vllm),

@@ -16,10 +16,10 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from hybridflow.config import auto_fsdp_size
-from hybridflow.config.derived import canonical_strategy, needs_critic, resolve_param_dtype
+from hybridflow.config.derived import canonical_strategy
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import dotted_keys
+from hybridflow.config.resolve import resolve
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_inert import inert_keys, pop_inert_keys
 
@@ -65,10 +65,7 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     _fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
         role.strategy = canonical_strategy(role.strategy)
-    # the reference computes as the actor; an unused critic's auto stays unresolved (and unsaid)
-    for role in (root.actor_rollout_ref.actor, *([root.critic] if needs_critic(root) else [])):
-        role.param_dtype = resolve_param_dtype(role.param_dtype, root.trainer.device)
-    auto_fsdp_size.resolve_rl(root)
+    resolve(root)
     root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
     return root
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.common import FSDPConfig, LoraKeys, MegatronConfig, OptimConfig
-from hybridflow.config.derived import (LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel,
-                                       resolve_param_dtype)
+from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.load import to_dataclass
 from hybridflow.config.keys import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, key
 from hybridflow.config.ranges import tree_range_errors
+from hybridflow.config.resolve import resolve_sft
 from hybridflow.config.trainer import RUN_DIR, RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
 from hybridflow.config.model_files import model_folder_errors
@@ -105,13 +105,11 @@ class SFTConfig:
 
 def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
     """Like ``load_config`` for the SFT tree: unknown keys and wrong types raise ConfigError."""
-    from hybridflow.config import auto_fsdp_size
     from hybridflow.config.load import resolve_resume_mode
 
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
     sft.model.strategy = canonical_strategy(sft.model.strategy)
-    sft.model.param_dtype = resolve_param_dtype(sft.model.param_dtype, sft.trainer.device)
-    auto_fsdp_size.resolve_sft(sft)
+    resolve_sft(sft)
     if sft.model.partial_pretrain:  # a verl SFT script names the model so
         sft.model.path = sft.model.partial_pretrain
     if sft.optim.warmup_steps_ratio is not None:  # verl's SFT name

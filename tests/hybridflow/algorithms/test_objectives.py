@@ -1,4 +1,8 @@
-"""The actor objective: the on-policy shortcut equals PPO with recomputed old log-probs."""
+"""The actor objective: the on-policy shortcut equals PPO with recomputed old log-probs, and every
+loss setting comes from the actor's config section by name."""
+from dataclasses import fields, make_dataclass
+from types import SimpleNamespace
+
 import torch
 
 from hybridflow.algorithms.mini_batch_agg import single_batch_meta
@@ -91,3 +95,27 @@ def test_metrics_count_the_skipped_rows_as_the_zeros_they_are():
         assert on_policy or whole["actor/pg_clipfrac"] > 0
     assert count_skipped_rows({"skipped_rows_frac": 1.0, "grad_norm": 0.0}, on_policy=True)["actor/pg_loss"] == 0.0
     assert count_skipped_rows({"actor/pg_loss": 0.5}, on_policy=True) == {"actor/pg_loss": 0.5}
+
+
+def test_every_objective_field_is_read_from_the_actor_section_by_its_name():
+    """A new loss key is a field on the actor section and here (and the loss that reads it): nothing
+    in between copies it. A subclass stands in for the objective with one more field."""
+    wider = make_dataclass("WiderObjective", [("new_loss_key", float, 0.0)], bases=(ActorObjective,), frozen=True)
+    own = [f.name for f in fields(ActorObjective) if f.name != "policy_loss"]
+    section = SimpleNamespace(policy_loss=SimpleNamespace(loss_mode="gspo"), new_loss_key=0.5,
+                              **{name: object() for name in own})
+    objective = wider.from_section(section)
+    assert objective.new_loss_key == 0.5 and objective.policy_loss == "gspo"
+    assert all(getattr(objective, name) is getattr(section, name) for name in own)
+
+
+def test_the_worker_gets_the_objective_of_the_loaded_actor_section():
+    from hybridflow.config import derive, load_config
+    from recipes.build import actor_settings
+
+    cfg = load_config({"actor_rollout_ref": {"actor": {"clip_ratio_c": 5.0, "entropy_coeff": 0.01, "kl_loss_coef": 0.1,
+                                                       "policy_loss": {"loss_mode": "gspo"}}}})
+    objective = actor_settings(cfg, derive(cfg), ("actor",)).objective
+    assert objective == ActorObjective.from_section(cfg.actor_rollout_ref.actor)
+    assert (objective.clip_ratio_c, objective.entropy_coeff, objective.kl_loss_coef, objective.policy_loss) == (
+        5.0, 0.01, 0.1, "gspo")

@@ -1,0 +1,103 @@
+"""Every ``auto`` of a config, decided once: ``load_config`` and ``load_sft_config`` call this, and
+``derive`` does for a config built in code, so no engine or worker ever sees ``auto``.
+
+- ``param_dtype`` (actor, critic, SFT model): bf16 where bf16 matmuls are native, else fp32;
+- ``rollout.dtype``: the dtype the actor computes in;
+- ``fsdp_config.fsdp_size``: replicate or shard (auto_fsdp_size.py).
+
+Each step replaces ``auto`` values only, so resolving a resolved config changes nothing. The roles
+a run builds are decided here too (``critic.enable`` null: whatever the estimator needs), since
+what is resolved depends on them: an unused critic's ``auto`` stays unresolved, and unsaid.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+from hybridflow.config.auto_fsdp_size import Role, resolve as resolve_fsdp_sizes
+
+# rollout.dtype=auto: generate in the dtype the actor computes in, so vLLM's sampling log-probs and
+# the trainer's agree (an fp32 trainer next to a bf16 engine, e.g. from a checkpoint saved in bf16,
+# measured rollout_probs_diff_max 2-3e-3 instead of ~2e-7)
+ROLLOUT_DTYPE_OF_PARAM_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def resolve(cfg):
+    """Resolve every ``auto`` of an RL config (``RootConfig``) in place; returns it."""
+    arr, tr = cfg.actor_rollout_ref, cfg.trainer
+    use_critic = needs_critic(cfg)
+    for role in (arr.actor, *([cfg.critic] if use_critic else [])):  # the reference computes as the actor
+        role.param_dtype = resolve_param_dtype(role.param_dtype, tr.device)
+    if arr.rollout.dtype == "auto":  # an unknown param_dtype leaves it: validate names that one
+        arr.rollout.dtype = ROLLOUT_DTYPE_OF_PARAM_DTYPE.get(arr.actor.param_dtype, "auto")
+    side = tr.separate_pool_gpus_per_node if tr.placement == "separate" else tr.n_gpus_per_node
+    roles = [Role("actor", arr.actor.strategy, arr.actor.fsdp_config, arr.model.path, True,
+                  arr.model.lora_rank > 0, tr.n_gpus_per_node),
+             Role("reference", arr.actor.strategy, arr.ref.fsdp_config, arr.model.path, False, False, side,
+                  used=needs_reference(cfg))]
+    if use_critic:
+        roles.append(Role("critic", cfg.critic.strategy, cfg.critic.model.fsdp_config, critic_model_path(cfg),
+                          True, cfg.critic.model.lora_rank > 0, side))
+    _say(resolve_fsdp_sizes(roles, functools.partial(_uses_gpu, tr.device)))
+    return cfg
+
+
+def resolve_sft(sft):
+    """The same for the SFT recipe's one model (``SFTConfig``); returns it."""
+    m, tr = sft.model, sft.trainer
+    m.param_dtype = resolve_param_dtype(m.param_dtype, tr.device)
+    _say(resolve_fsdp_sizes([Role("model", m.strategy, m.fsdp_config, m.path, True, m.lora_rank > 0,
+                                  tr.n_gpus_per_node)], functools.partial(_uses_gpu, tr.device)))
+    return sft
+
+
+def resolve_param_dtype(value: str, device: str) -> str:
+    """``auto`` -> ``bf16`` where bf16 matmuls are native on ``trainer.device`` (a GPU since Ampere;
+    a CPU where a timed bf16 matmul beats fp32 by 1.5x), else ``fp32``; other values pass unchanged.
+    Says once per process what it chose and why, on stderr."""
+    if value != "auto":
+        return value
+    from hybridflow.device import auto_param_dtype  # lazy: keeps config import torch-free
+
+    dtype, why = auto_param_dtype(_uses_gpu(device))
+    say_once(f"param_dtype=auto -> {dtype}: {why}. Set it explicitly (fp32 | bf16) to choose.")
+    return dtype
+
+
+def _uses_gpu(device: str) -> bool:
+    from hybridflow.device import uses_gpu  # lazy: keeps config import torch-free
+
+    return uses_gpu(device)
+
+
+def _say(line: str | None) -> None:
+    if line:
+        say_once(line)
+
+
+@functools.cache
+def say_once(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def needs_critic(cfg) -> bool:
+    """``critic.enable`` if set, else whether the estimator uses values (gae)."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return estimator_needs_critic(cfg.algorithm.adv_estimator)
+
+
+def estimator_needs_critic(adv_estimator: str) -> bool:
+    from hybridflow.algorithms import ADVANTAGE_ESTIMATORS  # lazy: keeps config import torch-free
+
+    est = ADVANTAGE_ESTIMATORS.get(adv_estimator)
+    return est is not None and est.needs_critic
+
+
+def needs_reference(cfg) -> bool:
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def critic_model_path(cfg) -> str:
+    """``critic.model.path``, or the actor's when null (a fresh value head on the actor's model)."""
+    return cfg.critic.model.path or cfg.actor_rollout_ref.model.path

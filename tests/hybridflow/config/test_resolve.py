@@ -1,0 +1,50 @@
+"""Every ``auto`` is resolved once, when the config is loaded: what derive and the engines' settings
+read afterwards is concrete, and asking again changes nothing and asks the machine nothing."""
+import copy
+
+import pytest
+
+from hybridflow import device
+from hybridflow.config import derive, load_config
+from hybridflow.config.derived import (
+    actor_engine_kwargs, critic_engine_kwargs, ref_engine_kwargs, rollout_engine_kwargs,
+)
+from hybridflow.config.resolve import resolve
+
+# PPO with a critic, GRPO with a KL loss (a reference), Megatron, LoRA
+RUNS = [{"algorithm": {"adv_estimator": "gae"}},
+        {"algorithm": {"adv_estimator": "grpo"}, "actor_rollout_ref": {"actor": {"use_kl_loss": True}}},
+        {"algorithm": {"adv_estimator": "gae"}, "actor_rollout_ref": {"actor": {"strategy": "megatron"}},
+         "critic": {"strategy": "megatron"}},
+        {"actor_rollout_ref": {"model": {"lora_rank": 8}, "actor": {"use_kl_loss": True}}}]
+
+
+def engine_settings(cfg) -> dict:
+    d = derive(cfg, dataset_len=64)
+    return {"actor": actor_engine_kwargs(cfg, d), "ref": ref_engine_kwargs(cfg, d),
+            "rollout": rollout_engine_kwargs(cfg), **({"critic": critic_engine_kwargs(cfg, d)} if d.use_critic else {})}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_no_engine_setting_says_auto_after_loading(run, monkeypatch):
+    cfg = load_config({**run, "trainer": {"n_gpus_per_node": 2}})
+
+    def ask_again(*_):
+        raise AssertionError("param_dtype=auto resolved after load_config")
+
+    monkeypatch.setattr(device, "auto_param_dtype", ask_again)
+    settings = engine_settings(cfg)
+    said_auto = [(role, k) for role, kwargs in settings.items() for k, v in kwargs.items()
+                 if v == "auto" and k != "load_format"]  # load_format=auto is vLLM's own (read the checkpoint)
+    assert not said_auto
+    before = copy.deepcopy(cfg)
+    assert resolve(cfg) == before  # a resolved config has nothing left to resolve
+
+
+def test_rollout_dtype_is_resolved_with_the_actor_param_dtype(monkeypatch):
+    monkeypatch.setenv("HYBRIDFLOW_AUTO_DTYPE", "bf16")
+    cfg = load_config({})
+    assert (cfg.actor_rollout_ref.actor.param_dtype, cfg.actor_rollout_ref.rollout.dtype) == ("bf16", "bfloat16")
+    # an unknown param_dtype leaves rollout.dtype for validate, which names the param_dtype
+    bad = load_config({"actor_rollout_ref": {"actor": {"param_dtype": "fp16"}}})
+    assert bad.actor_rollout_ref.rollout.dtype == "auto"
