@@ -100,7 +100,7 @@ def make_actor_loss_fn(obj: ActorObjective):
         old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
         pg = policy_loss(old_log_prob, log_prob, b["advantages"], mask, policy_cfg)
         rows, meta, mode = len(micro), micro.meta_info, obj.loss_agg_mode
-        loss = mini_batch_agg(pg.token_losses, mask, pg.loss_agg_mode, meta, rows)  # gspo fixes its own
+        loss = mini_batch_agg(pg.token_losses, mask, pg.loss_agg_mode or mode, meta, rows)  # gspo fixes its own
         metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
                    "actor/ppo_kl": _f(pg.ppo_kl), "actor/pg_clipfrac_lower": _f(pg.pg_clipfrac_lower)}
         if on_policy and "rollout_log_probs" in b.keys():

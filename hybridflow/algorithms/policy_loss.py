@@ -66,8 +66,9 @@ class PolicyLossOutput(NamedTuple):
     ppo_kl: Tensor  # masked mean of (old_log_prob - log_prob): k1 estimate of KL(old || new)
     pg_clipfrac_lower: Tensor  # fraction of valid tokens where the dual-clip bound was active
     token_losses: Tensor | None = None  # [B, R] before aggregation (for a mini-batch-wide aggregate)
-    # the aggregation pg_loss used: a mini-batch-wide aggregate of token_losses must use it too
-    loss_agg_mode: str = "token-mean"
+    # the aggregation pg_loss used when a loss fixes its own (gspo); None: config.loss_agg_mode.
+    # A mini-batch-wide aggregate of token_losses must use the same.
+    loss_agg_mode: str | None = None
 
 
 def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -100,7 +101,7 @@ def ppo_clip_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, re
         pg_clipfrac_lower = masked_mean(((ppo_losses > dual_bound) & negative).float(), response_mask)
 
     pg_loss = agg_loss(losses, response_mask, config.loss_agg_mode)
-    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, losses, config.loss_agg_mode)
+    return PolicyLossOutput(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, losses)
 
 
 def gspo_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,

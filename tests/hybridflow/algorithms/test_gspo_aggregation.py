@@ -71,3 +71,27 @@ def test_gspo_objective_over_uneven_micro_batches(mode):
     expected = (reference_gspo(OLD, NEW, ADV, MASK, CLIP) - 0.01 * float(agg_loss(entropy, MASK, mode))
                 + 0.2 * float(agg_loss(kl, MASK, mode)))
     assert total == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_loss_that_names_no_aggregation_follows_loss_agg_mode():
+    """A policy loss of a user's own (docs/extending.md) that returns no loss_agg_mode is
+    aggregated over the mini-batch with actor.loss_agg_mode, as before GSPO fixed its own."""
+    from hybridflow.algorithms import POLICY_LOSSES, PolicyLossOutput, ppo_clip_loss
+
+    def own_loss(old, new, adv, mask, config):
+        out = ppo_clip_loss(old, new, adv, mask, config)
+        return PolicyLossOutput(out.pg_loss, out.pg_clipfrac, out.ppo_kl, out.pg_clipfrac_lower, out.token_losses)
+
+    POLICY_LOSSES["own_loss"] = own_loss
+    try:
+        for mode in ("token-mean", "seq-mean-token-sum"):
+            rows = [0, 1, 2, 3]
+            meta = {META_DP_SIZE: 1, META_MINI_BATCH_ROWS: 4, META_GLOBAL_TOKENS: int(MASK.sum()), META_GLOBAL_ROWS: 4,
+                    META_GLOBAL_NONEMPTY_ROWS: 3}
+            data, outputs = _micro(rows, None, meta)
+            loss, _ = make_actor_loss_fn(ActorObjective(policy_loss="own_loss", clip_ratio=CLIP,
+                                                        loss_agg_mode=mode))(outputs, data)
+            expected = ppo_clip_loss(OLD, NEW, ADV, MASK, PolicyLossConfig(clip_ratio=CLIP, loss_agg_mode=mode))
+            assert float(loss.detach()) == pytest.approx(float(expected.pg_loss), abs=1e-6)
+    finally:
+        del POLICY_LOSSES["own_loss"]
