@@ -16,7 +16,7 @@ from hybridflow.config.keys import composed_tree, dataclass_in, dotted_keys, map
 from hybridflow.config.load import to_dataclass, unknown_key_message
 from hybridflow.config.root import RootConfig
 from hybridflow.config.sft import SFTConfig
-from hybridflow.config.verl_inert import inert_keys, is_inert
+from hybridflow.config.verl_compat import inert_keys, is_inert
 
 RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipes" / "config")
 # the configs built from the dataclasses (name -> schema)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import typing
 from collections.abc import Iterator
 from typing import Any, Callable, NamedTuple
@@ -82,3 +83,7 @@ def composed_tree(node: Any) -> dict:
             composed = f.metadata.get("composed")
             tree[f.name] = copy.deepcopy(value) if composed is None else composed
     return tree
+
+
+def absolute_path(path: str, base_dir: str | None) -> str:
+    return os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(path)))

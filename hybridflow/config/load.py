@@ -18,15 +18,14 @@ from typing import Any, TypeVar
 
 from hybridflow.config.derived import canonical_strategy
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.keys import dotted_keys
+from hybridflow.config.keys import absolute_path, dotted_keys
 from hybridflow.config.resolve import resolve
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_inert import inert_keys, pop_inert_keys
+from hybridflow.config.verl_compat import fold_ray_kwargs, inert_keys, pop_inert_keys, resolve_resume_mode
 
 T = TypeVar("T")
 # Top-level nodes Hydra itself may leave in a composed config.
 IGNORED_TOP_LEVEL = ("hydra",)
-RESUME_MODES = ("auto", "disable")
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -62,35 +61,12 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     :class:`ConfigError` listing every unknown key and wrong type.
     """
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
-    _fold_ray_kwargs(root)
+    fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
         role.strategy = canonical_strategy(role.strategy)
     resolve(root)
     root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
     return root
-
-
-def resolve_resume_mode(mode: str, resume_from_path: str | None, base_dir: str | None) -> str:
-    """auto | disable | an absolute folder; verl's ``resume_path`` takes ``resume_from_path``."""
-    if mode == "resume_path":  # verl's spelling of "resume from this folder"
-        if not resume_from_path:
-            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N "
-                              "folder> (or set trainer.resume_mode=<that folder> directly)")
-        mode = resume_from_path
-    return mode if mode in RESUME_MODES else absolute_path(mode, base_dir)
-
-
-def _fold_ray_kwargs(root: RootConfig) -> None:
-    """verl moved ``ray_init`` under ``ray_kwargs``; accept both, one value per key."""
-    new, old = root.ray_kwargs.ray_init, root.ray_init
-    for f in dataclasses.fields(new):
-        value, current = getattr(new, f.name), getattr(old, f.name)
-        if value is None or value == current:
-            continue
-        if current is not None:
-            raise ConfigError(f"ray_kwargs.ray_init.{f.name}={value!r} and ray_init.{f.name}={current!r} set the "
-                              "same thing (verl's newer and older key): keep one of them")
-        setattr(old, f.name, value)
 
 
 def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:
@@ -135,10 +111,6 @@ def _plain(cfg: Any) -> Any:
             key = getattr(exc, "full_key", None)
             raise ConfigError(f"cannot resolve config key '{key}': {first}" if key else first) from exc
     return cfg
-
-
-def absolute_path(path: str, base_dir: str | None) -> str:
-    return os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(path)))
 
 
 def _describe(tp: Any) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from hybridflow.config.actor_rollout_ref import ActorRolloutRefConfig
 from hybridflow.config.algorithm import AlgorithmConfig
@@ -10,10 +11,12 @@ from hybridflow.config.data import DataConfig
 from hybridflow.config.keys import key
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.config.trainer import RayInitConfig, RayKwargsConfig, TrainerConfig
+from hybridflow.config.verl_compat import INERT_KEYS
 
 
 @dataclass
 class RootConfig:
+    verl_inert_keys: ClassVar[dict] = INERT_KEYS
     data: DataConfig = key(DataConfig(), "the prompt data set and one step's batch shape")
     actor_rollout_ref: ActorRolloutRefConfig = key(ActorRolloutRefConfig(), "the policy: model, training, "
                                                                             "generation, reference")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from hybridflow.config.common import FSDPConfig, LoraKeys, MegatronConfig, OptimConfig
 from hybridflow.config.derived import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES, canonical_strategy, model_parallel
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.folders import writable_folder_error
 from hybridflow.config.load import to_dataclass
 from hybridflow.config.keys import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, key
 from hybridflow.config.ranges import tree_range_errors
@@ -20,8 +21,10 @@ from hybridflow.config.resolve import resolve_sft
 from hybridflow.config.trainer import RUN_DIR, RayInitConfig
 from hybridflow.config.model_checks import check_divides, read_model_config
 from hybridflow.config.model_files import model_folder_errors
-from hybridflow.config.validate import DEVICES, TRUNCATION_MODES, fsdp_size_error, hub_id_hint, unknown_name
-from hybridflow.config.verl_keys import lora_strategy_errors
+from hybridflow.config.rules import (
+    DEVICES, TRUNCATION_MODES, fsdp_size_error, hub_id_hint, lora_strategy_errors, unknown_name,
+)
+from hybridflow.config.verl_compat import SFT_INERT_KEYS, apply_sft_names, resolve_resume_mode
 
 
 @dataclass
@@ -96,6 +99,7 @@ class SFTTrainerConfig:
 
 @dataclass
 class SFTConfig:
+    verl_inert_keys: ClassVar[dict] = SFT_INERT_KEYS
     data: SFTDataConfig = key(SFTDataConfig(), "prompt/response rows and the batch shape")
     model: SFTModelConfig = key(SFTModelConfig(), "the model fine-tuned")
     optim: SFTOptimConfig = key(SFTOptimConfig(lr=1e-4), "the optimizer")
@@ -105,15 +109,10 @@ class SFTConfig:
 
 def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
     """Like ``load_config`` for the SFT tree: unknown keys and wrong types raise ConfigError."""
-    from hybridflow.config.load import resolve_resume_mode
-
     sft = to_dataclass(SFTConfig, cfg, base_dir=base_dir)
     sft.model.strategy = canonical_strategy(sft.model.strategy)
     resolve_sft(sft)
-    if sft.model.partial_pretrain:  # a verl SFT script names the model so
-        sft.model.path = sft.model.partial_pretrain
-    if sft.optim.warmup_steps_ratio is not None:  # verl's SFT name
-        sft.optim.lr_warmup_steps_ratio = sft.optim.warmup_steps_ratio
+    apply_sft_names(sft)
     t = sft.trainer
     t.resume_mode = resolve_resume_mode(t.resume_mode, t.resume_from_path, base_dir)
     if t.hf_output_dir is None:  # beside the run's checkpoints, as the RL recipe's hf/
@@ -199,8 +198,6 @@ def _sft_path_errors(cfg: SFTConfig) -> list[str]:
     if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         errors.append(f"model.path: {cfg.model.path} is not an HF checkpoint directory (no "
                       f"config.json): fix the path{hub_id_hint(cfg.model.path)}")
-    from hybridflow.config.folders import writable_folder_error
-
     problem = writable_folder_error(cfg.trainer.default_local_dir, keep=False)  # a bad one fails before Ray
     if problem:
         errors.append(f"trainer.default_local_dir: cannot write to {cfg.trainer.default_local_dir} ({problem}): "

@@ -10,7 +10,6 @@ import difflib
 import logging
 import os
 import re
-from typing import Any
 
 from hybridflow.config.derived import (
     LR_SCHEDULERS, PARAM_DTYPES, ROLLOUT_DTYPES, ROLLOUT_NAMES, STRATEGIES, derive,
@@ -18,23 +17,23 @@ from hybridflow.config.derived import (
     reward_fn_runs_async, reward_pool_world,
 )
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.load import RESUME_MODES
-from hybridflow.config.ranges import range_errors
-from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_keys import (
-    checkpoint_errors, convert_global_micro_batch_sizes, overlong_buffer_errors, rollout_errors, unsupported_errors,
-)
+from hybridflow.config.folders import writable_folder_error
 from hybridflow.config.model_checks import (
     cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_file_errors,
     model_shape_errors, override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
 )
+from hybridflow.config.ranges import range_errors
+from hybridflow.config.root import RootConfig
+from hybridflow.config.rules import (
+    DEVICES, TRUNCATION_MODES, checkpoint_errors, fsdp_size_error, hub_id_hint, lora_strategy_errors,
+    overlong_buffer_errors, rollout_errors, unknown_name,
+)
+from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
 from hybridflow.model_overrides import external_lib_error, overridden_dict
 
 logger = logging.getLogger(__name__)
 
-DEVICES = ("auto", "cpu", "cuda")
 PLACEMENTS = ("colocate", "separate")
-TRUNCATION_MODES = ("error", "left", "right")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 ARR = "actor_rollout_ref"
 
@@ -56,9 +55,11 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
     errors = (algorithm_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg) + unsupported_errors(cfg)
-              + checkpoint_errors(cfg) + parallel)
+              + lora_errors(cfg) + checkpoint_errors(cfg) + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
-        errors += convert_global_micro_batch_sizes(cfg) + batch_errors(cfg)
+        d = derive(cfg)
+        reward_dp = reward_pool_world(cfg) or (d.aux_world if cfg.trainer.placement == "separate" else d.actor_world)
+        errors += convert_global_micro_batch_sizes(cfg, d.actor_dp, d.critic_dp, reward_dp) + batch_errors(cfg)
     # imported before the model's config is read: the module may register its model_type
     errors += side_external_lib_errors(cfg)
     if check_paths:
@@ -79,11 +80,10 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     _warn_odd_settings(cfg)
 
 
-def unknown_name(key: str, value: Any, allowed) -> str:
-    allowed = list(allowed)
-    close = difflib.get_close_matches(str(value), allowed, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{key}={value!r} is unknown{hint}: use one of {', '.join(allowed)}"
+def lora_errors(cfg: RootConfig) -> list[str]:
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    return (lora_strategy_errors(f"{ARR}.model", a.model.lora_rank, f"{ARR}.actor.strategy", a.actor.strategy)
+            + lora_strategy_errors("critic.model", c.model.lora_rank, "critic.strategy", c.strategy))
 
 
 def name_errors(cfg: RootConfig) -> list[str]:
@@ -256,22 +256,6 @@ def replicated_offload_error(prefix: str, strategy: str, fsdp_config, world: int
     return None
 
 
-def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:
-    key = f"{prefix}.fsdp_config.fsdp_size"
-    if size in (-1, "auto"):  # auto: resolved by load_config (config/auto_fsdp_size.py)
-        return None
-    if isinstance(size, str):
-        return (f"{key}={size!r} is not a size: use auto, -1 (shard over all workers), 1 (replicate) or a "
-                f"divisor of {world}")
-    if strategy != "fsdp":
-        return f"{key}={size} only applies to strategy=fsdp (it is {strategy}): leave it at -1"
-    if size < 1 or world % size:
-        divisors = [d for d in range(1, world + 1) if world % d == 0]
-        return (f"{key}={size} must be -1 (shard over all {world} workers), 1 (replicate) or a divisor of "
-                f"{world}: use one of {[-1] + divisors}")
-    return None
-
-
 def _minibatch_errors(prefix: str, mini: int, mini_key: str, micro: int, micro_key: str,
                       train: int, n: int, dp: int) -> list[str]:
     if train % mini:
@@ -335,16 +319,6 @@ def token_budget_errors(cfg: RootConfig) -> list[str]:
             for key, budget, used in budgets if used and budget < seq]
 
 
-def hub_id_hint(path: str, base_dir: str | None = None) -> str:
-    """For a missing model folder that was given as ``org/name`` (made absolute against the working
-    directory on load): models are read from local folders only, so say how to get one."""
-    relative = os.path.relpath(path, base_dir or os.getcwd())
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", relative):
-        return ""
-    return (f"; if '{relative}' is a Hugging Face Hub id, download it first (`hf download "
-            f"{relative} --local-dir <folder>`) and pass that folder")
-
-
 def path_errors(cfg: RootConfig) -> list[str]:
     arr, errors = cfg.actor_rollout_ref, []
 
@@ -379,8 +353,6 @@ def path_errors(cfg: RootConfig) -> list[str]:
     need("custom_reward_function.path", cfg.custom_reward_function.path, "file")
     if cfg.trainer.resume_mode not in RESUME_MODES:
         need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
-    from hybridflow.config.folders import writable_folder_error
-
     for key in ("default_local_dir", "rollout_data_dir", "validation_data_dir"):  # created here: a bad one fails now
         folder = getattr(cfg.trainer, key)
         # the run's own folder is left as it was: a config check (or a test) must not create it

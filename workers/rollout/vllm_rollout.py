@@ -163,7 +163,7 @@ def _engine_dtype(dtype: str, hf_config) -> str:
 
 def llm_kwargs(config: RolloutConfig, model_path: str, hf_config, dp_rank: int, on_gpu: bool) -> dict:
     """Every argument hybridflow itself gives vLLM's ``LLM(...)``. ``config.vllm_engine_kwargs``
-    may add others but never replace these (hybridflow/config/verl_keys.py names the key that
+    may add others but never replace these (hybridflow/config/rules.py names the key that
     sets each, for the check before any worker starts)."""
     kwargs = dict(
         model=model_path,

@@ -4,7 +4,7 @@ key and the fix, and each value reaches the engine's RolloutConfig. No Ray, no v
 import pytest
 
 from hybridflow.config import ConfigError, compose_config, load_config, rollout_engine_kwargs, validate
-from hybridflow.config.verl_keys import ROLLOUT_LOAD_FORMATS, VLLM_KWARGS_FIXED, VLLM_KWARGS_FROM_KEYS
+from hybridflow.config.rules import ROLLOUT_LOAD_FORMATS, VLLM_KWARGS_FIXED, VLLM_KWARGS_FROM_KEYS
 from workers.rollout.base import RolloutConfig
 
 R = "actor_rollout_ref.rollout"

@@ -5,7 +5,7 @@ import pytest
 from hybridflow.config import ConfigError, compose_config, load_config
 from hybridflow.config.load import dotted_keys
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_inert import ANY, INERT_KEYS
+from hybridflow.config.verl_compat import ANY, INERT_KEYS
 
 
 def _hydra_value(value) -> str:

@@ -128,7 +128,7 @@ def test_max_model_len_is_the_engine_context():
 def test_vllm_arguments_hybridflow_sets_are_the_ones_the_config_check_reserves():
     """engine_kwargs.vllm may not override an argument of llm_kwargs: the config check before any
     worker starts must know every one of them (GPU and CPU)."""
-    from hybridflow.config.verl_keys import VLLM_KWARGS_FIXED, VLLM_KWARGS_FROM_KEYS
+    from hybridflow.config.rules import VLLM_KWARGS_FIXED, VLLM_KWARGS_FROM_KEYS
     from workers.rollout.vllm_rollout import llm_kwargs
 
     config = RolloutConfig(prompt_length=8, response_length=4, max_model_len=20, load_format="dummy",
@@ -146,7 +146,7 @@ def test_load_formats_the_config_accepts_are_vllms():
 
     from vllm.model_executor.model_loader import LoadFormats
 
-    from hybridflow.config.verl_keys import ROLLOUT_LOAD_FORMATS
+    from hybridflow.config.rules import ROLLOUT_LOAD_FORMATS
 
     vllm_names = {"dummy" if name.startswith("dummy") else name for name in ROLLOUT_LOAD_FORMATS}
     assert vllm_names <= set(get_args(LoadFormats))

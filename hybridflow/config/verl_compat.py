@@ -1,24 +1,33 @@
-"""verl keys that change nothing here, accepted so verl's scripts and generated configs run
-unchanged.
+"""verl compatibility, in one place: keys accepted so verl's scripts and generated configs run
+unchanged. Keys with no effect here (inert), keys accepted at their "off" value only, verl's
+deprecated global micro-batch sizes, and verl's other names and homes of a key (``ray_kwargs``,
+``resume_mode=resume_path``, the SFT trainer's ``partial_pretrain`` / ``warmup_steps_ratio``).
 
-Each key is listed with the values it is accepted at and what it is in verl. ``ANY``: every value
-is accepted because the key only tunes speed or memory in a way that has no counterpart here.
-Otherwise a value outside the listed ones asks for a feature hybridflow does not have, and the
-run fails before any worker starts with the reason, so it never silently differs from what was
-asked.
-
-These are not fields of the config dataclasses, since no code reads them: ``load.to_dataclass``
-removes them from the tree after checking their values (:func:`pop_inert_keys`), and
-``load.compose_config`` lets Hydra add them without the ``+`` a key missing from the recipe's
-YAML would otherwise need. Keys hybridflow implements, or accepts with an effect, are fields.
+Inert keys are listed with the values they are accepted at and what they are in verl. ``ANY``:
+every value is accepted because the key only tunes speed or memory in a way that has no
+counterpart here. Otherwise a value outside the listed ones asks for a feature hybridflow does not
+have, and the run fails before any worker starts with the reason, so it never silently differs
+from what was asked. They are not fields of the config dataclasses, since no code reads them:
+``load.to_dataclass`` removes them after checking their values (:func:`pop_inert_keys`), and
+``cli.compose_config`` lets Hydra add them without the ``+`` a key missing from the base config
+would need. A schema names its table in ``verl_inert_keys``.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterable
 from typing import Any
 
-ANY = None
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.keys import absolute_path
+
+logger = logging.getLogger(__name__)
+
 ARR = "actor_rollout_ref"
+RESUME_MODES = ("auto", "disable")
+
+ANY = None
 _ULYSSES = ((1,), "Ulysses sequence parallelism is not implemented (long sequences: use_remove_padding, "
                   "use_dynamic_bsz, or strategy=megatron with tensor parallelism)")
 
@@ -153,11 +162,8 @@ SFT_INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
 
 
 def inert_keys(schema: type) -> dict[str, tuple[tuple | None, str]]:
-    """The inert keys of a recipe's config schema (none for a schema of another kind)."""
-    from hybridflow.config.root import RootConfig
-    from hybridflow.config.sft import SFTConfig
-
-    return {RootConfig: INERT_KEYS, SFTConfig: SFT_INERT_KEYS}.get(schema, {})
+    """The inert keys of a recipe's config schema (its ``verl_inert_keys``; none for another)."""
+    return getattr(schema, "verl_inert_keys", {})
 
 
 def is_inert(key: str, keys: dict) -> bool:
@@ -191,3 +197,93 @@ def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict) -> list[s
             if parent.get(part) == {} and ".".join(parents[:depth]) not in known:
                 del parent[part]
     return errors
+
+
+def unsupported_errors(cfg) -> list[str]:
+    """verl keys accepted so its scripts run, for the value that means "off" only."""
+    errors = []
+    sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+    if sp != 1:
+        errors.append(f"{ARR}.actor.ulysses_sequence_parallel_size={sp}: Ulysses sequence parallelism is not "
+                      "implemented; set it to 1 (long sequences: use_remove_padding, use_dynamic_bsz, or "
+                      "strategy=megatron with tensor parallelism)")
+    if cfg.actor_rollout_ref.rollout.mode != "sync":
+        errors.append(f"{ARR}.rollout.mode={cfg.actor_rollout_ref.rollout.mode!r}: only sync is implemented "
+                      "(whole batches through the engine); set it to sync")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        errors.append(f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker here "
+                      "(trainer.placement=separate moves the reference, critic and reward model); set it to true")
+    model = cfg.actor_rollout_ref.model
+    for key in ("use_liger", "use_fused_kernels"):
+        if getattr(model, key):
+            errors.append(f"{ARR}.model.{key}=true: these kernels are not used here (the models run "
+                          f"transformers' and megatron-core's own layers); set it to false")
+    if model.trust_remote_code:
+        errors.append(f"{ARR}.model.trust_remote_code=true: remote model code is never run (the engines "
+                      "support Llama/Qwen2-family models, which transformers ships); set it to false")
+    if cfg.trainer.default_hdfs_dir:
+        errors.append(f"trainer.default_hdfs_dir={cfg.trainer.default_hdfs_dir!r}: HDFS upload is not "
+                      "implemented; set it to null and copy trainer.default_local_dir yourself")
+    return errors
+
+
+def convert_global_micro_batch_sizes(cfg, actor_dp: int, critic_dp: int, reward_dp: int) -> list[str]:
+    """verl's deprecated micro-batch sizes count sequences over all of a role's data-parallel
+    ranks; verl's workers divide them by that size and use the result as the ``*_per_gpu`` key.
+    Done here, in place, so the rest of the config reads one key. A converted key is cleared, so
+    validating again changes nothing. Assumes the parallel sizes were checked."""
+    arr, errors = cfg.actor_rollout_ref, []
+    rows = [(arr.actor, f"{ARR}.actor", "ppo_micro_batch_size", actor_dp),
+            (arr.rollout, f"{ARR}.rollout", "log_prob_micro_batch_size", actor_dp),
+            (arr.ref, f"{ARR}.ref", "log_prob_micro_batch_size", actor_dp),
+            (cfg.critic, "critic", "ppo_micro_batch_size", critic_dp),
+            (cfg.critic, "critic", "forward_micro_batch_size", critic_dp),
+            (cfg.reward_model, "reward_model", "micro_batch_size", reward_dp)]
+    for node, section, name, dp in rows:
+        total = getattr(node, name)
+        if total is None:
+            continue
+        key = f"{section}.{name}"
+        if dp and (total < dp or total % dp):
+            errors.append(f"{key}={total} (verl's deprecated size over all {dp} data-parallel ranks) must be a "
+                          f"positive multiple of {dp}: set {key}_per_gpu instead (sequences per rank) and "
+                          f"remove {key}")
+            continue
+        if dp:
+            setattr(node, f"{name}_per_gpu", total // dp)
+            logger.warning("%s=%d is deprecated (verl): using %s_per_gpu=%d (%d data-parallel ranks)",
+                           key, total, key, total // dp, dp)
+        setattr(node, name, None)
+    return errors
+
+
+def fold_ray_kwargs(root) -> None:
+    """verl moved ``ray_init`` under ``ray_kwargs``; accept both, one value per key."""
+    new, old = root.ray_kwargs.ray_init, root.ray_init
+    for f in dataclasses.fields(new):
+        value, current = getattr(new, f.name), getattr(old, f.name)
+        if value is None or value == current:
+            continue
+        if current is not None:
+            raise ConfigError(f"ray_kwargs.ray_init.{f.name}={value!r} and ray_init.{f.name}={current!r} set the "
+                              "same thing (verl's newer and older key): keep one of them")
+        setattr(old, f.name, value)
+
+
+def resolve_resume_mode(mode: str, resume_from_path: str | None, base_dir: str | None) -> str:
+    """auto | disable | an absolute folder; verl's ``resume_path`` takes ``resume_from_path``."""
+    if mode == "resume_path":  # verl's spelling of "resume from this folder"
+        if not resume_from_path:
+            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N "
+                              "folder> (or set trainer.resume_mode=<that folder> directly)")
+        mode = resume_from_path
+    return mode if mode in RESUME_MODES else absolute_path(mode, base_dir)
+
+
+def apply_sft_names(sft) -> None:
+    """verl's SFT trainer names the model ``model.partial_pretrain`` and the warmup
+    ``optim.warmup_steps_ratio``; set, they win."""
+    if sft.model.partial_pretrain:
+        sft.model.path = sft.model.partial_pretrain
+    if sft.optim.warmup_steps_ratio is not None:
+        sft.optim.lr_warmup_steps_ratio = sft.optim.warmup_steps_ratio

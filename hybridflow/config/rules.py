@@ -1,15 +1,58 @@
-"""Rules of verl keys whose checks do not fit the general ones: vLLM's scheduler limits, and the
-keys accepted so verl scripts run, for their "off" value only. Each message names the key and
-the fix, as everywhere in ``validate``."""
+"""Rules of single config sections (generation, DAPO's length penalty, checkpoint contents, LoRA,
+fsdp_size) and the message helpers the RL and SFT validations share. Each message names the key
+and the fix, as everywhere in ``validate``."""
 from __future__ import annotations
 
-import logging
+import difflib
+import os
+import re
+from typing import Any
 
-from hybridflow.config.root import RootConfig
-
-logger = logging.getLogger(__name__)
+from hybridflow.config.common import CHECKPOINT_CONTENTS
 
 ARR = "actor_rollout_ref"
+DEVICES = ("auto", "cpu", "cuda")
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+def unknown_name(key: str, value: Any, allowed) -> str:
+    allowed = list(allowed)
+    close = difflib.get_close_matches(str(value), allowed, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{key}={value!r} is unknown{hint}: use one of {', '.join(allowed)}"
+
+
+def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:
+    key = f"{prefix}.fsdp_config.fsdp_size"
+    if size in (-1, "auto"):  # auto: resolved by load_config (config/auto_fsdp_size.py)
+        return None
+    if isinstance(size, str):
+        return (f"{key}={size!r} is not a size: use auto, -1 (shard over all workers), 1 (replicate) or a "
+                f"divisor of {world}")
+    if strategy != "fsdp":
+        return f"{key}={size} only applies to strategy=fsdp (it is {strategy}): leave it at -1"
+    if size < 1 or world % size:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        return (f"{key}={size} must be -1 (shard over all {world} workers), 1 (replicate) or a divisor of "
+                f"{world}: use one of {[-1] + divisors}")
+    return None
+
+
+def hub_id_hint(path: str, base_dir: str | None = None) -> str:
+    """For a missing model folder that was given as ``org/name`` (made absolute against the working
+    directory on load): models are read from local folders only, so say how to get one."""
+    relative = os.path.relpath(path, base_dir or os.getcwd())
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", relative):
+        return ""
+    return (f"; if '{relative}' is a Hugging Face Hub id, download it first (`hf download "
+            f"{relative} --local-dir <folder>`) and pass that folder")
+
+
+def lora_strategy_errors(section: str, rank: int, strategy_key: str, strategy: str) -> list[str]:
+    if rank and strategy != "fsdp":
+        return [f"{section}.lora_rank={rank}: LoRA adapters are implemented for {strategy_key}=fsdp; set it, "
+                f"or lora_rank=0 with {strategy}"]
+    return []
 
 
 # verl's load formats: its dummy_* family (random init; the weight sync fills the engine before its
@@ -43,7 +86,7 @@ VLLM_KWARGS_FIXED = {
 }
 
 
-def rollout_errors(cfg: RootConfig) -> list[str]:
+def rollout_errors(cfg) -> list[str]:
     """The generation keys' rules (sampling, context length, loading, vLLM's constructor and
     scheduler), checked here so they fail before any worker starts."""
     r, errors = cfg.actor_rollout_ref.rollout, []
@@ -103,7 +146,7 @@ def _scheduler_errors(r, context: int) -> list[str]:
     return errors
 
 
-def overlong_buffer_errors(cfg: RootConfig) -> list[str]:
+def overlong_buffer_errors(cfg) -> list[str]:
     """DAPO's length penalty: the dapo manager's, within the response length."""
     rm, errors = cfg.reward_model, []
     buffer, longest = rm.overlong_buffer, cfg.data.max_response_length
@@ -120,82 +163,9 @@ def overlong_buffer_errors(cfg: RootConfig) -> list[str]:
     return errors
 
 
-def unsupported_errors(cfg: RootConfig) -> list[str]:
-    """verl keys accepted so its scripts run, for the value that means "off" only."""
-    errors = []
-    sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
-    if sp != 1:
-        errors.append(f"{ARR}.actor.ulysses_sequence_parallel_size={sp}: Ulysses sequence parallelism is not "
-                      "implemented; set it to 1 (long sequences: use_remove_padding, use_dynamic_bsz, or "
-                      "strategy=megatron with tensor parallelism)")
-    if cfg.actor_rollout_ref.rollout.mode != "sync":
-        errors.append(f"{ARR}.rollout.mode={cfg.actor_rollout_ref.rollout.mode!r}: only sync is implemented "
-                      "(whole batches through the engine); set it to sync")
-    if not cfg.actor_rollout_ref.hybrid_engine:
-        errors.append(f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker here "
-                      "(trainer.placement=separate moves the reference, critic and reward model); set it to true")
-    model = cfg.actor_rollout_ref.model
-    errors += lora_strategy_errors(f"{ARR}.model", model.lora_rank, f"{ARR}.actor.strategy",
-                                   cfg.actor_rollout_ref.actor.strategy)
-    errors += lora_strategy_errors("critic.model", cfg.critic.model.lora_rank, "critic.strategy", cfg.critic.strategy)
-    for key in ("use_liger", "use_fused_kernels"):
-        if getattr(model, key):
-            errors.append(f"{ARR}.model.{key}=true: these kernels are not used here (the models run "
-                          f"transformers' and megatron-core's own layers); set it to false")
-    if model.trust_remote_code:
-        errors.append(f"{ARR}.model.trust_remote_code=true: remote model code is never run (the engines "
-                      "support Llama/Qwen2-family models, which transformers ships); set it to false")
-    if cfg.trainer.default_hdfs_dir:
-        errors.append(f"trainer.default_hdfs_dir={cfg.trainer.default_hdfs_dir!r}: HDFS upload is not "
-                      "implemented; set it to null and copy trainer.default_local_dir yourself")
-    return errors
-
-
-def lora_strategy_errors(section: str, rank: int, strategy_key: str, strategy: str) -> list[str]:
-    if rank and strategy != "fsdp":
-        return [f"{section}.lora_rank={rank}: LoRA adapters are implemented for {strategy_key}=fsdp; set it, "
-                f"or lora_rank=0 with {strategy}"]
-    return []
-
-
-def convert_global_micro_batch_sizes(cfg: RootConfig) -> list[str]:
-    """verl's deprecated micro-batch sizes count sequences over all of a role's data-parallel
-    ranks; verl's workers divide them by that size and use the result as the ``*_per_gpu`` key.
-    Done here, in place, so the rest of the config reads one key. A converted key is cleared, so
-    validating again changes nothing. Assumes the parallel sizes were checked."""
-    from hybridflow.config.derived import derive, reward_pool_world
-
-    d, arr, errors = derive(cfg), cfg.actor_rollout_ref, []
-    reward_dp = reward_pool_world(cfg) or (d.aux_world if cfg.trainer.placement == "separate" else d.actor_world)
-    rows = [(arr.actor, f"{ARR}.actor", "ppo_micro_batch_size", d.actor_dp),
-            (arr.rollout, f"{ARR}.rollout", "log_prob_micro_batch_size", d.actor_dp),
-            (arr.ref, f"{ARR}.ref", "log_prob_micro_batch_size", d.actor_dp),
-            (cfg.critic, "critic", "ppo_micro_batch_size", d.critic_dp),
-            (cfg.critic, "critic", "forward_micro_batch_size", d.critic_dp),
-            (cfg.reward_model, "reward_model", "micro_batch_size", reward_dp)]
-    for node, section, name, dp in rows:
-        total = getattr(node, name)
-        if total is None:
-            continue
-        key = f"{section}.{name}"
-        if dp and (total < dp or total % dp):
-            errors.append(f"{key}={total} (verl's deprecated size over all {dp} data-parallel ranks) must be a "
-                          f"positive multiple of {dp}: set {key}_per_gpu instead (sequences per rank) and "
-                          f"remove {key}")
-            continue
-        if dp:
-            setattr(node, f"{name}_per_gpu", total // dp)
-            logger.warning("%s=%d is deprecated (verl): using %s_per_gpu=%d (%d data-parallel ranks)",
-                           key, total, key, total // dp, dp)
-        setattr(node, name, None)
-    return errors
-
-
-def checkpoint_errors(cfg: RootConfig) -> list[str]:
+def checkpoint_errors(cfg) -> list[str]:
     """verl's ``checkpoint.save_contents`` / ``load_contents``: a checkpoint here always holds
     what an exact resume needs, so those may add ``hf_model`` but not leave a part out."""
-    from hybridflow.config.common import CHECKPOINT_CONTENTS
-
     errors, required = [], CHECKPOINT_CONTENTS[:3]
     for section, node in ((f"{ARR}.actor.checkpoint", cfg.actor_rollout_ref.actor.checkpoint),
                           ("critic.checkpoint", cfg.critic.checkpoint)):
