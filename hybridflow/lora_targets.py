@@ -2,7 +2,7 @@
 rules, matched against an HF model's modules.
 
 In the core, not in ``workers/engines/lora.py`` which applies them, because the config check
-(``hybridflow/config/model_checks.py``) matches a run's list on a meta-device model before Ray
+(``hybridflow/model_checks.py``) matches a run's list on a meta-device model before Ray
 starts, and the core never imports ``workers`` (DESIGN.md).
 """
 from __future__ import annotations

@@ -74,8 +74,8 @@ def read_inputs(cfg) -> RunInputs:
     row, key or checkpoint when one of them cannot be used."""
     from hybridflow.data import ResumablePromptLoader, RLPromptDataset
     from hybridflow.rewards import make_reward_manager
-    from hybridflow.config.model_checks import weightless_model_error
-    from hybridflow.config.model_files import load_model_tokenizer
+    from hybridflow.model_checks import weightless_model_error
+    from hybridflow.model_files import load_model_tokenizer
     from hybridflow.trainer.checkpoint import open_resume
     from hybridflow.trainer.ppo_trainer import worker_layout
 

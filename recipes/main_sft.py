@@ -6,7 +6,7 @@ import sys
 
 from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
 from hybridflow.config.derived import lora_kwargs, offload_kwargs
-from hybridflow.config.model_files import weights_error
+from hybridflow.model_files import weights_error
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
@@ -38,7 +38,7 @@ def run(cfg) -> dict:
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
     from hybridflow.data.loader import ResumablePromptLoader
     from hybridflow.data.sft_dataset import SFTDataset, collate_sft
-    from hybridflow.config.model_files import load_model_tokenizer
+    from hybridflow.model_files import load_model_tokenizer
     from hybridflow.tracking import Tracker, flatten_config, with_jsonl
     from hybridflow.trainer.sft_trainer import SFTTrainer
     from recipes.worker_env import worker_env

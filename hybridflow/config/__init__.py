@@ -20,7 +20,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.cli import cli_info, compose_config, split_cli_args
 from hybridflow.config.keys import dotted_keys
 from hybridflow.config.load import load_config, to_dataclass
-from hybridflow.config.model_checks import read_model_config
+from hybridflow.model_checks import read_model_config
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig, RewardModelModelConfig
 from hybridflow.config.root import RootConfig
 from hybridflow.config.trainer import RayInitConfig, TrainerConfig

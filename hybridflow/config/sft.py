@@ -19,12 +19,12 @@ from hybridflow.config.keys import FREQ, GREATER_THAN_0, OPTIONAL_POSITIVE, POSI
 from hybridflow.config.ranges import tree_range_errors
 from hybridflow.config.resolve import resolve_sft
 from hybridflow.config.trainer import RUN_DIR, RayInitConfig
-from hybridflow.config.model_checks import check_divides, read_model_config
-from hybridflow.config.model_files import model_folder_errors
 from hybridflow.config.rules import (
     DEVICES, TRUNCATION_MODES, fsdp_size_error, hub_id_hint, lora_strategy_errors, unknown_name,
 )
 from hybridflow.config.verl_compat import SFT_INERT_KEYS, apply_sft_names, resolve_resume_mode
+from hybridflow.model_checks import check_divides, read_model_config
+from hybridflow.model_files import model_folder_errors
 
 
 @dataclass

@@ -18,10 +18,6 @@ from hybridflow.config.derived import (
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.folders import writable_folder_error
-from hybridflow.config.model_checks import (
-    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_file_errors,
-    model_shape_errors, override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
-)
 from hybridflow.config.ranges import range_errors
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
@@ -29,6 +25,10 @@ from hybridflow.config.rules import (
     overlong_buffer_errors, rollout_errors, unknown_name,
 )
 from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
+from hybridflow.model_checks import (
+    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_file_errors,
+    model_shape_errors, override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
+)
 from hybridflow.model_overrides import external_lib_error, overridden_dict
 
 logger = logging.getLogger(__name__)

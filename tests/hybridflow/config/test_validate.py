@@ -272,7 +272,7 @@ def test_a_reward_model_must_be_a_one_label_classifier_on_the_actors_vocabulary(
 def test_the_cpu_head_sizes_mirror_vllms():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from hybridflow.config.model_checks import VLLM_CPU_HEAD_SIZES
+    from hybridflow.model_checks import VLLM_CPU_HEAD_SIZES
 
     assert list(VLLM_CPU_HEAD_SIZES) == list(CPUAttentionBackend.get_supported_head_sizes())
 

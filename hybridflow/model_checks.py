@@ -8,8 +8,8 @@ import os
 from hybridflow.config.derived import (
     critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic, reward_model_external_lib,
 )
-from hybridflow.config.model_files import model_folder_errors, read_json, weights_error
 from hybridflow.config.root import RootConfig
+from hybridflow.model_files import model_folder_errors, read_json, weights_error
 from hybridflow.megatron_models import unsupported_reason
 from hybridflow.model_overrides import external_lib_error, override_errors
 
