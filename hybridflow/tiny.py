@@ -100,7 +100,7 @@ def make_tiny_checkpoint(path: str, arch: str = "qwen2", seed: int = 0, **config
 
     cfg = tiny_config(arch, **config_kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     # HF's default init (std 0.02) gives near-uniform logits; a larger std makes tests that compare
     # log-probs or greedy text meaningful (outputs depend on the weights, not on ties).
     with torch.no_grad():

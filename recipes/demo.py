@@ -11,6 +11,7 @@ demo is also their smoke test. Extra ``key=value`` arguments are passed to the G
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -67,8 +68,26 @@ def build_assets() -> None:
             pairs.to_parquet(f"{DATA}/sft_{split}.parquet", index=False)
         print(f"demo: wrote the arithmetic task to {DATA}/")
     if not os.path.exists(f"{INIT_MODEL}/config.json"):
-        make_tiny_checkpoint(INIT_MODEL, "qwen2", **MODEL)
+        with shard_bar_hidden():
+            make_tiny_checkpoint(INIT_MODEL, "qwen2", **MODEL)
         print(f"demo: wrote the initial model to {INIT_MODEL}/")
+
+
+@contextlib.contextmanager
+def shard_bar_hidden():
+    """transformers draws a progress bar for writing a one-file checkpoint; it says nothing here."""
+    from transformers.utils import logging as hf_logging
+
+    from hybridflow.run_logs import verbose
+
+    shown = hf_logging.is_progress_bar_enabled()
+    if shown and not verbose():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def main(argv=None) -> int:
@@ -90,7 +109,8 @@ def main(argv=None) -> int:
     first, last = val[0][1], val[-1][1]
     print(json.dumps({"val/score/mean": {"step_0": first, f"step_{val[-1][0]}": last, "gain": last - first},
                       "minutes": round((time.time() - start) / 60, 2), "hf_checkpoint": summary["hf_dir"],
-                      "reward_curve": summary["plot"], "metrics": os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl")}, indent=2))
+                      "reward_curve": summary["plot"], "metrics": os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl"),
+                      "logs": summary["logs"]}, indent=2))
     return 0
 
 

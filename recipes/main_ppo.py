@@ -127,7 +127,17 @@ def _check_built_in_rewards(data, train_ds, val_ds) -> None:
 
 
 def run(cfg, inputs: RunInputs | None = None) -> dict:
-    """Start Ray, build the worker groups, train, export; returns a summary dict."""
+    """Start Ray, build the worker groups, train, export; returns a summary dict. vLLM's, Ray's and
+    the workers' own output goes to the run's log folder, the summary's ``logs`` (None when
+    HYBRIDFLOW_VERBOSE keeps it on the console: hybridflow/run_logs.py)."""
+    from hybridflow.run_logs import quiet_driver
+
+    inputs = inputs or read_inputs(cfg)  # before the log folder exists: a bad input leaves no trace
+    with quiet_driver(cfg.trainer.default_local_dir) as logs:
+        return {**_run(cfg, inputs), "logs": logs}
+
+
+def _run(cfg, inputs: RunInputs) -> dict:
     import ray
 
     from hybridflow import device
@@ -136,10 +146,9 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     from hybridflow.trainer.placement import build_worker_groups
     from hybridflow.trainer.ppo_trainer import PPOTrainer
     from recipes.build import role_specs
-    from recipes.worker_env import worker_env
+    from recipes.worker_env import ray_runtime_env
 
     t = cfg.trainer
-    inputs = inputs or read_inputs(cfg)
     tokenizer, derived, reward = inputs.tokenizer, inputs.derived, inputs.reward
     train_loader, val_loader = inputs.train_loader, inputs.val_loader
 
@@ -147,7 +156,7 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
                  (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": worker_env(cfg, cfg.actor_rollout_ref.model.path)})
+                 runtime_env=ray_runtime_env(cfg, cfg.actor_rollout_ref.model.path))
         if not cfg.ray_init.address:  # this run's own Ray must not outlive it, even a kill -9 of it
             from hybridflow.ray_watchdog import guard_local_ray
 
@@ -292,6 +301,14 @@ def memory_hint(cfg) -> str:
             "(README: Host memory)")
 
 
+def worker_logs(cfg) -> str | None:
+    """The run's log folder, if this run wrote one (hybridflow/run_logs.py)."""
+    from hybridflow.run_logs import log_dir, verbose
+
+    folder = log_dir(cfg.trainer.default_local_dir)
+    return folder if not verbose() and os.path.isdir(folder) else None
+
+
 def report_stop(cfg, err: BaseException) -> int:
     """Print why a started run stopped (one line for a broken reward function or a worker killed
     for lack of memory, the traceback of a dead or failing worker), then what it left to resume
@@ -311,9 +328,17 @@ def report_stop(cfg, err: BaseException) -> int:
               file=sys.stderr)
     else:
         traceback.print_exception(err)
+        logs = worker_logs(cfg)
+        if logs:  # a worker that died took its last words there
+            print(f"the workers' own output (vLLM, Ray, stdout and stderr of each rank) is in {logs}", file=sys.stderr)
     print(last_checkpoint_line(cfg), file=sys.stderr)
     # the shell's convention: 128 + the signal number
     return 130 if isinstance(err, KeyboardInterrupt) else 143 if isinstance(err, Terminated) else 1
+
+
+def logs_clause(summary: dict) -> str:
+    """The end of the final line: where vLLM's, Ray's and the workers' lines went, if not here."""
+    return f"; full logs in {summary['logs']}" if summary.get("logs") else ""
 
 
 def main(argv=None) -> int:
@@ -334,9 +359,10 @@ def main(argv=None) -> int:
         return report_stop(cfg, err)  # Ctrl-C, SIGTERM
     if cfg.trainer.val_only:
         scores = {k: round(v, 4) for k, v in summary["history"][-1].items() if k.startswith("val/")}
-        print(f"done: validation only, at step {summary['steps']}: {scores}")
+        print(f"done: validation only, at step {summary['steps']}: {scores}" + logs_clause(summary))
     else:
-        print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}")
+        print(f"done: {summary['steps']} steps; HF checkpoint in {summary['hf_dir']}; reward curve {summary['plot']}"
+              + logs_clause(summary))
     return 0
 
 

@@ -11,8 +11,8 @@ from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
 from hybridflow.trainer.sft_trainer import sft_worker_layout
-from recipes.main_ppo import (Terminated, available_slots, input_error_line, ray_address_from_env, report_stop,
-                              restore_sigterm, stop_on_sigterm)
+from recipes.main_ppo import (Terminated, available_slots, input_error_line, logs_clause, ray_address_from_env,
+                              report_stop, restore_sigterm, stop_on_sigterm)
 
 
 def load_and_validate(argv):
@@ -30,20 +30,13 @@ def load_and_validate(argv):
 
 
 def run(cfg) -> dict:
-    import dataclasses
-
-    import ray
-
-    from hybridflow import device
-    from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    """Read and check the data, then train on Ray; returns a summary dict whose ``logs`` is the
+    run's log folder (None when HYBRIDFLOW_VERBOSE keeps every line on the console)."""
     from hybridflow.data.loader import ResumablePromptLoader
     from hybridflow.data.sft_dataset import SFTDataset, collate_sft
     from hybridflow.model_files import load_model_tokenizer
-    from hybridflow.tracking import Tracker, flatten_config, with_jsonl
-    from hybridflow.trainer.sft_trainer import SFTTrainer
-    from recipes.worker_env import worker_env
+    from hybridflow.run_logs import quiet_driver
     from workers.engines.config import EngineConfig
-    from workers.sft_worker import SFTSettings, SFTWorker
 
     d, t = cfg.data, cfg.trainer
     tokenizer = load_model_tokenizer("model", cfg.model)
@@ -72,11 +65,30 @@ def run(cfg) -> dict:
                           fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,
                           reshard_after_forward=m.fsdp_config.reshard_after_forward,
                           **offload_kwargs(m.strategy, m.fsdp_config, m.megatron), **lora_kwargs(m))
+    # the data is read and checked first: a bad input leaves no log folder behind
+    with quiet_driver(t.default_local_dir) as logs:
+        return {**_train(cfg, engine, train_loader, val_loader), "logs": logs}
+
+
+def _train(cfg, engine, train_loader, val_loader) -> dict:
+    """Start Ray and the SFT workers, train, export the HF checkpoint."""
+    import dataclasses
+
+    import ray
+
+    from hybridflow import device
+    from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    from hybridflow.tracking import Tracker, flatten_config, with_jsonl
+    from hybridflow.trainer.sft_trainer import SFTTrainer
+    from recipes.worker_env import ray_runtime_env
+    from workers.sft_worker import SFTSettings, SFTWorker
+
+    t = cfg.trainer
     use_gpu = device.uses_gpu(t.device)
     if not ray.is_initialized():
         ray.init(address=cfg.ray_init.address or "local",
                  num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),
-                 include_dashboard=False, runtime_env={"env_vars": worker_env(cfg, cfg.model.path)})
+                 include_dashboard=False, runtime_env=ray_runtime_env(cfg, cfg.model.path))
         if not cfg.ray_init.address:  # this run's own Ray must not outlive it, even a kill -9 of it
             from hybridflow.ray_watchdog import guard_local_ray
 
@@ -120,7 +132,7 @@ def main(argv=None) -> int:
         return 2
     except (Exception, KeyboardInterrupt, Terminated) as err:  # a dead or failing worker, Ctrl-C, SIGTERM
         return report_stop(cfg, err)
-    print(f"done: {summary['steps']} SFT steps; HF checkpoint in {summary['hf_dir']}")
+    print(f"done: {summary['steps']} SFT steps; HF checkpoint in {summary['hf_dir']}" + logs_clause(summary))
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from hybridflow import run_logs
 from hybridflow.config import read_model_config
 
 # glibc serves a block above its mmap threshold from fresh pages and returns them to the kernel on
@@ -31,6 +32,13 @@ def worker_env(cfg, model_path: str | None = None) -> dict[str, str]:
     if cfg.trainer.device in ("cpu", "cuda"):
         env["HYBRIDFLOW_DEVICE"] = cfg.trainer.device
     return {k: v for k, v in env.items() if v}
+
+
+def ray_runtime_env(cfg, model_path: str | None = None) -> dict:
+    """``ray.init``'s runtime_env for a recipe's own Ray instance: :func:`worker_env`, and unless the
+    user asked for every line on the console, each worker's output into the run's log folder."""
+    quiet = run_logs.ray_runtime_env(cfg.trainer.default_local_dir)
+    return {**quiet, "env_vars": {**worker_env(cfg, model_path), **quiet.get("env_vars", {})}}
 
 
 def has_tensors_beyond_malloc_reuse(model_path: str | None) -> bool:

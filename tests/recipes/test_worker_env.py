@@ -96,3 +96,19 @@ def test_start_up_collectives_get_the_start_up_bound(monkeypatch):
     env = worker_env(cfg)
     assert env["HYBRIDFLOW_CALL_TIMEOUT_S"] == "60.0" and env["HYBRIDFLOW_DIST_TIMEOUT_S"] == "1800.0"
     assert env["HYBRIDFLOW_CPU_ISA"] == "avx2"  # workers on other nodes act as AVX2-only too
+
+
+def test_a_recipes_ray_runtime_env_adds_the_quiet_console_to_the_worker_env(tmp_path, monkeypatch):
+    """Workers of a quiet run write to <run>/logs (hybridflow/run_logs.py); verbose, they get the
+    worker environment alone, as before."""
+    from recipes.worker_env import ray_runtime_env
+
+    monkeypatch.delenv("HYBRIDFLOW_VERBOSE", raising=False)
+    monkeypatch.delenv("VERL_LOGGING_LEVEL", raising=False)
+    cfg = SimpleNamespace(trainer=SimpleNamespace(call_timeout_s=60.0, device="cpu", default_local_dir=str(tmp_path)))
+    runtime = ray_runtime_env(cfg)
+    assert runtime["env_vars"] == {**worker_env(cfg), "HYBRIDFLOW_LOG_DIR": str(tmp_path / "logs"),
+                                   "VLLM_CONFIGURE_LOGGING": "0"}
+    assert runtime["worker_process_setup_hook"] == "hybridflow.run_logs.redirect_worker_output"
+    monkeypatch.setenv("HYBRIDFLOW_VERBOSE", "1")
+    assert ray_runtime_env(cfg) == {"env_vars": worker_env(cfg)}
