@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import struct
 from collections.abc import Callable
@@ -45,12 +46,7 @@ def checkpoint_parameter_count(path: str | None) -> int | None:
                 header = json.loads(f.read(size))
         except (OSError, ValueError, struct.error):
             return None
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
+        total += sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
     return total or None
 
 
@@ -102,17 +98,16 @@ class Role(NamedTuple):
     used: bool = True
 
 
-def resolve(roles: list[Role], on_gpu: Callable[[], bool]) -> str | None:
-    """Set every ``auto`` fsdp_size of ``roles`` in place (``on_gpu`` is asked only when the answer
-    depends on it). Returns the line that says what was chosen and why, or None when there was
-    nothing to choose."""
+def resolve(roles: list[Role], on_gpu: Callable[[], bool], say: Callable[[str], None]) -> None:
+    """Set every ``auto`` fsdp_size of ``roles`` in place; ``say`` the choice and why, if there was
+    one to make (``on_gpu`` is asked only when the answer depends on it)."""
     auto = [r for r in roles if r.fsdp_config.fsdp_size == AUTO]
     for role in auto:
         if role.strategy != "fsdp":  # megatron reads no fsdp_size; -1 is what validation expects there
             role.fsdp_config.fsdp_size = -1
     auto = [r for r in auto if r.strategy == "fsdp"]
     if not auto:
-        return None
+        return
     live = [r for r in auto if r.used]
     offloaded = [r.name for r in live if r.fsdp_config.param_offload or r.fsdp_config.optimizer_offload]
     if max((r.workers_per_host for r in live), default=1) == 1:  # one worker per role: nothing to shard or replicate
@@ -128,7 +123,6 @@ def resolve(roles: list[Role], on_gpu: Callable[[], bool]) -> str | None:
         size, why = choose(sizes, on_gpu(), host_memory_bytes())
     for role in auto:
         role.fsdp_config.fsdp_size = size
-    if not why:
-        return None
-    layout = "1 (replicated, DDP)" if size == 1 else "-1 (sharded over all workers)"
-    return f"fsdp_size=auto -> {layout}: {why}. Set fsdp_config.fsdp_size explicitly (-1 | 1 | k) to choose."
+    if why:
+        layout = "1 (replicated, DDP)" if size == 1 else "-1 (sharded over all workers)"
+        say(f"fsdp_size=auto -> {layout}: {why}. Set fsdp_config.fsdp_size explicitly (-1 | 1 | k) to choose.")

@@ -46,8 +46,7 @@ def reward_fn_runs_async(cfg: RootConfig) -> bool:
 
 
 def critic_shares_actor_model(cfg: RootConfig) -> bool:
-    """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model
-    (``resolve.critic_model_path``)."""
+    """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model."""
     return cfg.critic.model.path in (None, cfg.actor_rollout_ref.model.path)
 
 
@@ -173,16 +172,17 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
     )
 
 
-def _trained_engine_kwargs(cfg: RootConfig, role, model, fsdp_config, total_steps: int, warmup) -> dict:
+def _trained_engine_kwargs(cfg: RootConfig, d: Derived, role, model, fsdp_config, steps_per_step: int,
+                           warmup) -> dict:
     """What the actor's and the critic's engines read alike from their own section (``role``), its
-    model section and its ``fsdp_config``; ``total_steps``: optimizer steps in the run, 0 unknown."""
+    model section and its ``fsdp_config``; ``steps_per_step``: its optimizer steps per training step."""
     tp, pp = model_parallel(role.strategy, role.megatron)
     optim = role.optim
     return dict(
         strategy=role.strategy, tp=tp, pp=pp, param_dtype=role.param_dtype, lr=optim.lr,
         weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
         warmup_steps=warmup or 0, lr_schedule=optim.schedule, min_lr_ratio=optim.min_lr_ratio,
-        total_steps=total_steps,
+        total_steps=(d.total_training_steps or 0) * steps_per_step,
         grad_clip=optim.clip_grad if role.grad_clip is None else role.grad_clip,  # verl has both keys
         micro_batch_size_per_gpu=role.ppo_micro_batch_size_per_gpu,
         max_token_len_per_gpu=role.ppo_max_token_len_per_gpu if role.use_dynamic_bsz else None,
@@ -223,9 +223,8 @@ def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     """Arguments of ``workers.engines.config.EngineConfig`` for the actor (the engines' settings are
     built here and in the two functions below, nowhere else)."""
     arr, d = cfg.actor_rollout_ref, derived
-    total = (d.total_training_steps or 0) * d.actor_optimizer_steps_per_step
-    return _trained_engine_kwargs(cfg, arr.actor, arr.model, arr.actor.fsdp_config, total,
-                                  d.actor_warmup_steps) | dict(
+    return _trained_engine_kwargs(cfg, d, arr.actor, arr.model, arr.actor.fsdp_config,
+                                  d.actor_optimizer_steps_per_step, d.actor_warmup_steps) | dict(
         infer_micro_batch_size_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu,
         infer_max_token_len_per_gpu=log_prob_token_budget(cfg, arr.rollout),
         override_config=dict(arr.model.override_config))
@@ -235,21 +234,19 @@ def ref_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     """The reference policy's: the actor's model and parallel sizes with the ``ref`` section's
     micro-batches, fsdp and offload keys, and no adapters (colocated with a LoRA actor, the worker
     uses the actor's engine with its adapters off instead of this one)."""
-    arr = cfg.actor_rollout_ref
-    ref = arr.ref
+    ref, strategy = cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.actor.strategy
     return actor_engine_kwargs(cfg, derived) | dict(
         micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
         infer_micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
         infer_max_token_len_per_gpu=log_prob_token_budget(cfg, ref), lora_rank=0,
-        **fsdp_kwargs(ref.fsdp_config), **offload_kwargs(arr.actor.strategy, ref.fsdp_config, ref.megatron))
+        **fsdp_kwargs(ref.fsdp_config), **offload_kwargs(strategy, ref.fsdp_config, ref.megatron))
 
 
 def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
     critic, d = cfg.critic, derived
     forward_budget = critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu
-    total = (d.total_training_steps or 0) * d.critic_optimizer_steps_per_step
-    return _trained_engine_kwargs(cfg, critic, critic.model, critic.model.fsdp_config, total,
-                                  d.critic_warmup_steps) | dict(
+    return _trained_engine_kwargs(cfg, d, critic, critic.model, critic.model.fsdp_config,
+                                  d.critic_optimizer_steps_per_step, d.critic_warmup_steps) | dict(
         infer_micro_batch_size_per_gpu=critic.forward_micro_batch_size_per_gpu,
         infer_max_token_len_per_gpu=forward_budget if critic.use_dynamic_bsz else None,
         override_config=critic_override_config(cfg))
@@ -262,17 +259,13 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
     training backend that fills the weights) are all vLLM's "dummy" random init."""
     r = cfg.actor_rollout_ref.rollout
     return dict(
-        name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        do_sample=r.do_sample, ignore_eos=r.ignore_eos,
-        prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length,
-        max_model_len=r.max_model_len,
-        tensor_model_parallel_size=r.tensor_model_parallel_size,
-        gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib,
-        cpu_live_weights=r.cpu_live_weights,
-        max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager, dtype=r.dtype,
+        name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample,
+        ignore_eos=r.ignore_eos, max_model_len=r.max_model_len, tensor_model_parallel_size=r.tensor_model_parallel_size,
+        prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length, dtype=r.dtype,
+        gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib, max_num_seqs=r.max_num_seqs,
+        cpu_live_weights=r.cpu_live_weights, max_num_batched_tokens=r.max_num_batched_tokens,
+        enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
         enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
         load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
-        vllm_engine_kwargs=dict(r.engine_kwargs.vllm),
-        hf_overrides=dict(cfg.actor_rollout_ref.model.override_config),  # vLLM builds the actor's model
-        seed=cfg.trainer.seed, free_cache_engine=r.free_cache_engine)
+        vllm_engine_kwargs=dict(r.engine_kwargs.vllm), free_cache_engine=r.free_cache_engine, seed=cfg.trainer.seed,
+        hf_overrides=dict(cfg.actor_rollout_ref.model.override_config))  # vLLM builds the actor's model

@@ -1,13 +1,8 @@
-"""Every ``auto`` of a config, decided once: ``load_config`` and ``load_sft_config`` call this, and
-``derive`` does for a config built in code, so no engine or worker ever sees ``auto``.
-
-- ``param_dtype`` (actor, critic, SFT model): bf16 where bf16 matmuls are native, else fp32;
-- ``rollout.dtype``: the dtype the actor computes in;
-- ``fsdp_config.fsdp_size``: replicate or shard (auto_fsdp_size.py).
-
-Each step replaces ``auto`` values only, so resolving a resolved config changes nothing. The roles
-a run builds are decided here too (``critic.enable`` null: whatever the estimator needs), since
-what is resolved depends on them: an unused critic's ``auto`` stays unresolved, and unsaid.
+"""Every ``auto`` of a config, decided once, when it is loaded (``derive`` does it for a config built
+in code): ``param_dtype`` (bf16 where bf16 matmuls are native, else fp32), ``rollout.dtype`` (the
+actor's) and ``fsdp_size`` (auto_fsdp_size.py). Only ``auto`` values change, so resolving a resolved
+config changes nothing. An unused critic's ``auto`` stays unresolved, and unsaid; so the roles a
+run builds (``critic.enable`` null: whatever the estimator needs) are decided here too.
 """
 from __future__ import annotations
 
@@ -38,7 +33,7 @@ def resolve(cfg):
     if use_critic:
         roles.append(Role("critic", cfg.critic.strategy, cfg.critic.model.fsdp_config, critic_model_path(cfg),
                           True, cfg.critic.model.lora_rank > 0, side))
-    _say(resolve_fsdp_sizes(roles, functools.partial(_uses_gpu, tr.device)))
+    resolve_fsdp_sizes(roles, functools.partial(_uses_gpu, tr.device), say_once)
     return cfg
 
 
@@ -46,8 +41,8 @@ def resolve_sft(sft):
     """The same for the SFT recipe's one model (``SFTConfig``); returns it."""
     m, tr = sft.model, sft.trainer
     m.param_dtype = resolve_param_dtype(m.param_dtype, tr.device)
-    _say(resolve_fsdp_sizes([Role("model", m.strategy, m.fsdp_config, m.path, True, m.lora_rank > 0,
-                                  tr.n_gpus_per_node)], functools.partial(_uses_gpu, tr.device)))
+    resolve_fsdp_sizes([Role("model", m.strategy, m.fsdp_config, m.path, True, m.lora_rank > 0, tr.n_gpus_per_node)],
+                       functools.partial(_uses_gpu, tr.device), say_once)
     return sft
 
 
@@ -68,11 +63,6 @@ def _uses_gpu(device: str) -> bool:
     from hybridflow.device import uses_gpu  # lazy: keeps config import torch-free
 
     return uses_gpu(device)
-
-
-def _say(line: str | None) -> None:
-    if line:
-        say_once(line)
 
 
 @functools.cache
