@@ -37,7 +37,8 @@ class ModelConfig(LoraKeys):
 @dataclass
 class PolicyLossChoice:
     loss_mode: str = key("vanilla", "vanilla (PPO's clipped surrogate; also ppo_clip) | gspo (sequence-level "
-                                    "ratio): hybridflow.algorithms.POLICY_LOSSES")
+                                    "ratio; its policy-gradient term is averaged seq-mean-token-mean whatever "
+                                    "loss_agg_mode says, as in verl)")
 
 
 @dataclass
@@ -65,7 +66,8 @@ class ActorConfig:
     kl_loss_coef: float = key(0.001, "weight of the KL loss", NON_NEGATIVE)
     kl_loss_type: str = key("low_var_kl", "k1|kl, abs, k2|mse, k3|low_var_kl")
     loss_agg_mode: str = key("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | "
-                                           "seq-mean-token-sum-norm")
+                                           "seq-mean-token-sum-norm; with policy_loss.loss_mode=gspo it applies "
+                                           "to the entropy and KL terms only")
     skip_zero_advantage: bool = key(True, "skip rows whose advantage is 0 everywhere when no entropy or KL term "
                                           "needs them: same step, less work")
     param_dtype: str = key("auto", "auto | fp32 | bf16 (fp32 masters); auto: bf16 where bf16 matmuls are native")

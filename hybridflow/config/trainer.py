@@ -27,7 +27,8 @@ class TrainerConfig:
     val_only: bool = key(False, "validate the model (or the checkpoint resumed) and stop")
     log_val_generations: int = key(0, "validation samples written as text per validation (val_generations.jsonl)",
                                    NON_NEGATIVE)
-    critic_warmup: int = key(0, "steps that train only the critic before the actor's first update", NON_NEGATIVE)
+    critic_warmup: int = key(0, "the actor's first update is at step critic_warmup (verl's count: k-1 critic-only "
+                                "steps; 0 and 1 both train the actor from step 1)", NON_NEGATIVE)
     default_local_dir: str = key("checkpoints/hybridflow/demo", "the run's folder: checkpoints, logs, metrics",
                                  path=True, composed=RUN_DIR)
     default_hdfs_dir: str | None = key(None, "only null: no HDFS upload")

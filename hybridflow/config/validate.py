@@ -120,7 +120,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
         ("algorithm.filter_groups.metric", cfg.algorithm.filter_groups.metric, FILTER_METRICS),
     ]
     errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
-    registered = ("algorithm.adv_estimator", f"{ARR}.actor.policy_loss.loss_mode")  # README: extending
+    registered = ("algorithm.adv_estimator", f"{ARR}.actor.policy_loss.loss_mode")  # docs/extending.md
     errors = [e + (f" (or register your own in a module named by {ARR}.model.external_lib)"
                    if e.startswith(registered) else "") for e in errors]
     errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
@@ -174,7 +174,7 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
                       f"(it is {r.n})")
     if cfg.trainer.val_only and not cfg.data.val_files:
         errors.append("trainer.val_only=true needs data.val_files to validate on")
-    if cfg.trainer.critic_warmup > 0 and not needs_critic(cfg):
+    if cfg.trainer.critic_warmup > 1 and not needs_critic(cfg):  # 1: the actor trains from step 1
         errors.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} warms up a critic, but "
                       f"algorithm.adv_estimator={alg.adv_estimator} runs none: set it to 0 or use gae")
     if cfg.trainer.placement == "separate" and not (
@@ -422,7 +422,6 @@ def _warn_odd_settings(cfg: RootConfig) -> None:
                            "memory, more compute", key, key)
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
-    if a.policy_loss.loss_mode == "gspo" and (a.loss_agg_mode != "seq-mean-token-mean" or max(low, high) > 0.01):
-        logger.warning("actor.policy_loss.loss_mode=gspo with loss_agg_mode=%s, clip_ratio_low/high %s/%s: the "
-                       "GSPO paper uses seq-mean-token-mean and a clip range near 1e-3 (low 3e-4, high 4e-4), "
-                       "as --config-name gspo sets", a.loss_agg_mode, low, high)
+    if a.policy_loss.loss_mode == "gspo" and max(low, high) > 0.01:
+        logger.warning("actor.policy_loss.loss_mode=gspo with clip_ratio_low/high %s/%s: the GSPO paper uses a clip "
+                       "range near 1e-3 (low 3e-4, high 4e-4), as --config-name gspo sets", low, high)
