@@ -12,13 +12,14 @@ import sys
 import ray
 import torch
 
-from hybridflow.config import compose_config, derive, load_config, validate
+from hybridflow.config import derive, load_config, validate
 from hybridflow.data import ResumablePromptLoader, RLPromptDataset
 from hybridflow.protocol import DataProto
 from hybridflow.rewards import make_reward_manager
 from hybridflow.tiny import load_tokenizer
 from hybridflow.trainer.placement import build_worker_groups
 from recipes.build import role_specs
+from recipes.cli import compose_config
 from recipes.worker_env import worker_env
 
 

@@ -13,13 +13,14 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hybridflow.config import ConfigError, cli_info, compose_config, derive, load_config, split_cli_args, validate
+from hybridflow.config import ConfigError, derive, load_config, validate
 from hybridflow.config.derived import prompts_per_generation_batch
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
 from hybridflow.trainer.checkpoint import CheckpointError, CheckpointSaveError
 from hybridflow.trainer.finite import NonFiniteError
+from recipes.cli import cli_info, compose_config, split_cli_args
 
 # what a user's input can be wrong with, and the label of its one-line message
 INPUT_ERRORS = {ConfigError: "config error", DataError: "data error", RewardFunctionError: "config error",

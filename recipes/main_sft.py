@@ -4,13 +4,14 @@ from __future__ import annotations
 import os
 import sys
 
-from hybridflow.config import ConfigError, cli_info, compose_config, split_cli_args
+from hybridflow.config import ConfigError
 from hybridflow.config.derived import lora_kwargs, offload_kwargs
 from hybridflow.model_files import weights_error
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
 from hybridflow.trainer.sft_trainer import sft_worker_layout
+from recipes.cli import cli_info, compose_config, split_cli_args
 from recipes.main_ppo import (Terminated, available_slots, input_error_line, logs_clause, ray_address_from_env,
                               report_stop, restore_sigterm, stop_on_sigterm)
 

@@ -17,7 +17,6 @@ from hybridflow.config.derived import (
     rollout_engine_kwargs,
 )
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.cli import cli_info, compose_config, split_cli_args
 from hybridflow.config.keys import dotted_keys
 from hybridflow.config.load import load_config, to_dataclass
 from hybridflow.model_checks import read_model_config
@@ -31,7 +30,7 @@ __all__ = [
     "ValKwargsConfig", "AlgorithmConfig", "KLCtrlConfig", "MegatronConfig", "OptimConfig",
     "CriticConfig", "CriticModelConfig", "DataConfig", "Derived", "actor_engine_kwargs",
     "critic_engine_kwargs", "derive", "needs_critic", "needs_reference", "rollout_engine_kwargs",
-    "ConfigError", "cli_info", "compose_config", "dotted_keys", "load_config", "split_cli_args", "to_dataclass",
+    "ConfigError", "dotted_keys", "load_config", "to_dataclass",
     "CustomRewardFunctionConfig", "RewardModelConfig", "RewardModelModelConfig", "RootConfig",
     "RayInitConfig", "TrainerConfig", "read_model_config", "validate",
 ]

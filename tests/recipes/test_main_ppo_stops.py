@@ -209,9 +209,10 @@ def test_sigterm_that_surfaces_wrapped_in_another_error_still_stops_as_terminate
 def test_a_worker_killed_for_memory_stops_in_one_line_naming_the_keys(tmp_path, capsys):
     """No traceback (the code did nothing wrong): what happened with Ray's numbers, the keys that
     lower a worker's memory in this recipe, then the checkpoint line."""
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.config.sft import load_sft_config
     from hybridflow.controller import WorkerMemoryError
+    from recipes.cli import compose_config
     from recipes.main_ppo import report_stop
 
     err = WorkerMemoryError("actor: rank 1 was killed for lack of host memory during update_actor "

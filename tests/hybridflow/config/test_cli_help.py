@@ -1,8 +1,8 @@
 """``--help`` lists every key of a recipe's tree with its default, doc and range, read from the
 fields; the base config Hydra composes from is the same tree."""
-from hybridflow.config import RootConfig, cli_info, dotted_keys
-from hybridflow.config.cli import key_help
+from hybridflow.config import RootConfig, dotted_keys
 from hybridflow.config.sft import SFTConfig
+from recipes.cli import cli_info, key_help
 
 
 def test_help_lists_a_key_with_its_default_doc_and_range():

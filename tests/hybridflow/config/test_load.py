@@ -5,13 +5,11 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from hybridflow.config import (
-    ConfigError, RootConfig, cli_info, compose_config, derive, dotted_keys, load_config,
-    split_cli_args, validate,
-)
+from hybridflow.config import ConfigError, RootConfig, derive, dotted_keys, load_config, validate
 from hybridflow.config.derived import say_once
 from hybridflow.config.derived import rollout_engine_kwargs as derive_rollout_kwargs
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
+from recipes.cli import cli_info, compose_config, split_cli_args
 
 RL_RECIPES = ["ppo", "grpo", "remax", "dapo", "gspo"]
 

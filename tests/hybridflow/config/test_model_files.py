@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hybridflow.config import ConfigError, compose_config
+from hybridflow.config import ConfigError
 from hybridflow.model_checks import read_model_config
 from hybridflow.model_files import load_model_tokenizer, model_folder_errors, safetensors_error
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
+from recipes.cli import compose_config
 from tests.hybridflow.config.validate_helpers import TINY_MODEL, error_of, grpo, run_dir  # noqa: F401  (a fixture)
 
 RESTORE = "copy it again from the model's original folder"

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from hybridflow.config import ConfigError, compose_config, load_config
+from hybridflow.config import ConfigError, load_config
 from hybridflow.config.ranges import non_finite_errors, range_errors
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
+from recipes.cli import compose_config
 from tests.hybridflow.config.validate_helpers import error_of, grpo, run_dir  # noqa: F401  (a fixture)
 
 

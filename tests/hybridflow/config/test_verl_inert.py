@@ -2,10 +2,11 @@
 otherwise, and never shadowing a key the schema has."""
 import pytest
 
-from hybridflow.config import ConfigError, compose_config, load_config
+from hybridflow.config import ConfigError, load_config
 from hybridflow.config.load import dotted_keys
 from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_compat import ANY, INERT_KEYS
+from recipes.cli import compose_config
 
 
 def _hydra_value(value) -> str:

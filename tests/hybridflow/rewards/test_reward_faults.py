@@ -147,7 +147,8 @@ def test_a_reward_file_that_calls_sys_exit_at_import_is_a_config_error(tmp_path)
 
 
 def test_timeout_s_is_declared_with_its_range():
-    from hybridflow.config import ConfigError, compose_config, load_config, validate
+    from hybridflow.config import ConfigError, load_config, validate
+    from recipes.cli import compose_config
 
     assert load_config(compose_config("grpo", [])).custom_reward_function.timeout_s == 60.0
     assert load_config(compose_config("grpo", ["custom_reward_function.timeout_s=null"])

@@ -45,8 +45,9 @@ class SampleNumberingActor(FakeActor):
 
 
 def _trainer(tmp_path, ground_truth="y", *overrides, timeout_s=None):
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from recipes.cli import compose_config
 
     (tmp_path / "reward.py").write_text(REWARD_FN)
     cfg = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path}", "trainer.n_gpus_per_node=2",

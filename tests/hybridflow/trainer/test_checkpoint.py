@@ -100,8 +100,9 @@ def test_one_folder_holds_both_roles_so_the_smaller_limit_wins(actor, critic, ha
 
 
 def test_checkpoint_limits_must_be_null_or_positive():
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.config.ranges import range_errors
+    from recipes.cli import compose_config
 
     cfg = load_config(compose_config("ppo", ["trainer.max_critic_ckpt_to_keep=0", "trainer.max_actor_ckpt_to_keep=0"]))
     assert [e for e in range_errors(cfg) if "ckpt_to_keep" in e] == [
@@ -126,8 +127,9 @@ class FakeGroup:
 
 
 def _trainer(tmp_path, world_size, *overrides):
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from recipes.cli import compose_config
 
     cfg = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path / 'run'}",
                                               f"trainer.n_gpus_per_node={world_size}", *overrides]))
@@ -184,9 +186,10 @@ def test_trainer_refuses_a_checkpoint_of_another_worker_count_before_loading(tmp
 def test_a_mismatched_or_foreign_checkpoint_is_refused_from_the_config_alone(tmp_path):
     """The recipes check the checkpoint they would resume from before Ray starts (exit 2, one
     line): the layout comes from the config, not from running workers."""
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.config.sft import load_sft_config
     from hybridflow.trainer.sft_trainer import sft_worker_layout
+    from recipes.cli import compose_config
     from recipes.main_ppo import INPUT_ERRORS, read_inputs
 
     trainer = _trainer(tmp_path, 2)
@@ -206,8 +209,9 @@ def test_a_lora_checkpoint_resumes_only_with_its_lora_settings():
     """The saved tensors are a base model plus rank-r adapters scaled by alpha/r on load: resumed
     without LoRA the optimizer state failed to load deep in a worker; with another alpha the
     model silently changed (validation 0.44 -> 0.0). Both are refused from the config alone."""
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.trainer.ppo_trainer import worker_layout
+    from recipes.cli import compose_config
 
     def layout(*overrides):
         return worker_layout(load_config(compose_config("grpo", list(overrides))))

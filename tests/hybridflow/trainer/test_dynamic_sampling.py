@@ -42,8 +42,9 @@ class FakeActor:
 
 
 def _trainer(tmp_path, informative: set[int], *overrides):
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from recipes.cli import compose_config
 
     cfg = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path}", "trainer.n_gpus_per_node=2",
                                               "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",

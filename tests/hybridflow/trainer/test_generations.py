@@ -122,8 +122,9 @@ def test_val_generations_are_appended_per_step_and_the_first_printed(tok, tmp_pa
 
 
 def test_an_unwritable_dump_folder_fails_validation_naming_the_key(tmp_path):
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.config.validate import path_errors
+    from recipes.cli import compose_config
 
     (tmp_path / "file").write_text("")
     cfg = load_config(compose_config("grpo", [f"trainer.rollout_data_dir={tmp_path / 'file' / 'x'}",
@@ -135,8 +136,9 @@ def test_an_unwritable_dump_folder_fails_validation_naming_the_key(tmp_path):
 
 
 def test_an_unwritable_run_folder_fails_validation_and_a_good_one_is_not_created(tmp_path):
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.config.validate import path_errors
+    from recipes.cli import compose_config
 
     (tmp_path / "file").write_text("")
     bad = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path / 'file' / 'run'}"]))

@@ -26,9 +26,9 @@ class FakeSFTGroup(FakeGroup):
 
 
 def _sft_trainer(tmp_path, losses, *overrides):
-    from hybridflow.config import compose_config
     from hybridflow.config.sft import SFTConfig, load_sft_config
     from hybridflow.trainer.sft_trainer import SFTTrainer
+    from recipes.cli import compose_config
 
     cfg = load_sft_config(compose_config("sft", [f"trainer.default_local_dir={tmp_path / 'run'}",
                                                  "trainer.n_gpus_per_node=2", *overrides], schema=SFTConfig))

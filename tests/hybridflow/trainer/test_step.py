@@ -64,8 +64,9 @@ class Critic(Group):
 
 
 def _trainer(tmp_path, critic_pids, *overrides):
-    from hybridflow.config import compose_config, load_config
+    from hybridflow.config import load_config
     from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from recipes.cli import compose_config
 
     cfg = load_config(compose_config("ppo", [
         f"trainer.default_local_dir={tmp_path}", "trainer.n_gpus_per_node=2", "data.train_batch_size=4",

@@ -11,6 +11,11 @@ import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import composed_tree, dataclass_in, dotted_keys, mapping_keys, walk
 from hybridflow.config.load import to_dataclass, unknown_key_message
@@ -18,7 +23,7 @@ from hybridflow.config.root import RootConfig
 from hybridflow.config.sft import SFTConfig
 from hybridflow.config.verl_compat import inert_keys, is_inert
 
-RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipes" / "config")
+RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 # the configs built from the dataclasses (name -> schema)
 STORED_CONFIGS = {"base": RootConfig, "sft": SFTConfig}
 # Hydra's own settings for both: keep relative paths relative to where the command runs
@@ -34,8 +39,6 @@ def config_names(folder: str = RECIPES_CONFIG_DIR) -> list[str]:
 
 
 def _store_configs() -> None:
-    from hydra.core.config_store import ConfigStore  # lazy: keeps `import hybridflow.config` free of Hydra
-
     for name, schema in STORED_CONFIGS.items():
         ConfigStore.instance().store(name=name, node={**composed_tree(schema()), "hydra": HYDRA_NODE})
 
@@ -47,9 +50,6 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
     suggests ``+key=``), or, for a new key under a free-form mapping (:func:`keys.mapping_keys`),
     the ``+key=value`` override that adds it. Returns the composed DictConfig; pass it to
     :func:`load_config`."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
     folder = config_dir or RECIPES_CONFIG_DIR
     name = config_name.removesuffix(".yaml")
     if name not in config_names(folder):
@@ -147,8 +147,6 @@ def cli_info(argv: Sequence[str], default_config_name: str, usage: str,
     what = args[at + 1] if at + 1 < len(args) else None
     if what not in ("job", "all"):
         raise ConfigError(f"--cfg takes 'job' (the run's config), e.g. --cfg job; got {what!r}")
-    from omegaconf import OmegaConf
-
     name, overrides = split_cli_args(args[:at] + args[at + 2:], default_config_name)
     composed = compose_config(name, overrides, schema=schema)
     to_dataclass(schema, composed)  # an added (+) key or a wrong type fails here as it would in a run
