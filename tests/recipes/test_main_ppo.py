@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -24,6 +25,8 @@ STEP_METRICS = ("critic/score/mean", "critic/advantages/max", "response_length/m
                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "timing_s/gen",
                 "timing_s/step", "perf/throughput", "training/rollout_probs_diff_max",
                 "training/rollout_probs_diff_mean")
+# the console as a user sees it, whatever the environment running the tests asks for
+QUIET = {"HYBRIDFLOW_VERBOSE": "", "VERL_LOGGING_LEVEL": ""}
 # fp32 everywhere: vLLM and the training engine compute the same probabilities up to rounding.
 PROBS_DIFF_TOL = 1e-3
 
@@ -65,6 +68,21 @@ def _changed_tensors(initial_dir: str, trained_dir: str) -> list[str]:
     return [name for name in before if not torch.equal(before[name], after[name])]
 
 
+def check_quiet_console(result, out_dir: str) -> None:
+    """vLLM's and Ray's INFO lines and the workers' own output are in the run's log folder, one
+    file per rank, not on the console (hybridflow/run_logs.py); the last line names the folder."""
+    console = result.stdout + result.stderr
+    assert not re.search(r"\bINFO\b", console), console[-3000:]
+    logs = os.path.join(out_dir, "logs")
+    ranks = sorted(name for name in os.listdir(logs) if "_rank" in name)
+    assert ranks == ["main_rank0.log", "main_rank1.log"], os.listdir(logs)
+    for name in ranks:
+        with open(os.path.join(logs, name)) as f:
+            text = f.read()
+        assert "INFO vllm.v1.engine.core: Initializing a V1 LLM engine" in text, text[-3000:]
+    assert result.stdout.rstrip().endswith(f"; full logs in {os.path.abspath(logs)}"), result.stdout[-1000:]
+
+
 def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str, ...] = (),
               critic_warmup: int = 0, probs_diff_tol: float = PROBS_DIFF_TOL) -> dict[int, dict]:
     """The assertions every successful recipe run must satisfy; returns the metrics by step.
@@ -100,13 +118,14 @@ def test_grpo_fsdp_in_bf16_where_param_dtype_auto_picks_it(recipe_assets, tmp_pa
     """GRPO with a sharded actor and a replicated reference, at the default param_dtype=auto on a
     machine with fast bf16 matmuls (the environment stands in for the probe): the actor (FSDP2
     mixed precision), its reference and vLLM all compute in bf16, the exported checkpoint holds the
-    fp32 master weights. Also: verl's generation dumps, validation samples, Ray's timeline, and a
-    val_only run of the export that reproduces the last validation."""
+    fp32 master weights. Also: verl's generation dumps, validation samples, Ray's timeline, a quiet
+    console (vLLM's and Ray's lines in the run's log folder), and a val_only run of the export
+    that reproduces the last validation."""
     import torch
     from safetensors import safe_open
 
     out = str(tmp_path / "run")
-    bf16 = {"HYBRIDFLOW_AUTO_DTYPE": "bf16"}
+    bf16 = {"HYBRIDFLOW_AUTO_DTYPE": "bf16", **QUIET}
     result = run_main_ppo("grpo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
         # 2 mini-batches per step: the second is off-policy, so clipping and ppo_kl are exercised
@@ -117,6 +136,7 @@ def test_grpo_fsdp_in_bf16_where_param_dtype_auto_picks_it(recipe_assets, tmp_pa
         f"trainer.validation_data_dir={out}/validation", f"ray_kwargs.timeline_json_file={out}/timeline.json"],
         env=bf16)
     assert "param_dtype=auto -> bf16" in result.stderr, result.stderr[-3000:]
+    check_quiet_console(result, out)
     # bf16 rounds each probability to ~3 significant digits, and vLLM's kernels round elsewhere
     # than the trainer's: measured 0.001-0.006 on tiny models, 0.05-0.09 on a 25M one
     metrics = check_run(result, out, recipe_assets.model, extra_metrics=("actor/kl_loss", "timing_s/dump_rollout"),
