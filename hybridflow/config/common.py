@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 from hybridflow.config.keys import GREATER_THAN_0, NON_NEGATIVE, POSITIVE, UNIT, Range, key
 
+# the engines' names (workers/engines/config.py; tests check they stay equal)
+STRATEGIES = ("fsdp", "megatron")
+PARAM_DTYPES = ("auto", "fp32", "bf16")  # auto: resolve.resolve_param_dtype
+LR_SCHEDULERS = ("constant", "cosine")
+
 BETAS = Range(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers in [0, 1), e.g. [0.9, 0.999]")
 
 
@@ -21,9 +26,10 @@ class OptimConfig:
                                Range(lambda v: v >= -1, "-1 (use lr_warmup_steps_ratio) or a step count >= 0"))
     lr_warmup_steps_ratio: float = key(0.0, "warmup as a fraction of the run's optimizer steps",
                                        Range(lambda v: 0 <= v < 1, "in [0, 1)"))
-    lr_scheduler: str = key("constant", "constant | cosine")
-    lr_scheduler_type: str | None = key(None, "verl's name for lr_scheduler; when set, it wins")
-    warmup_style: str | None = key(None, "verl's older name for lr_scheduler; when set, it wins over both (as in verl)")
+    lr_scheduler: str = key("constant", "constant | cosine", choices=LR_SCHEDULERS)
+    lr_scheduler_type: str | None = key(None, "verl's name for lr_scheduler; when set, it wins", choices=LR_SCHEDULERS)
+    warmup_style: str | None = key(None, "verl's older name for lr_scheduler; when set, it wins over both (as in "
+                                         "verl)", choices=LR_SCHEDULERS)
     min_lr_ratio: float = key(0.0, "the cosine schedule's floor, a fraction of lr", UNIT)
     clip_grad: float = key(1.0, "max global grad L2 norm; <= 0 disables clipping")
 

@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.actor_rollout_ref import DEPRECATED_GLOBAL
-from hybridflow.config.common import CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig
-from hybridflow.config.keys import GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, key
+from hybridflow.config.common import (
+    PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig,
+)
+from hybridflow.config.keys import GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, Registry, key
 
 
 @dataclass
@@ -24,7 +26,7 @@ class CriticModelConfig(LoraKeys):  # LoRA: the adapters and the value head trai
 @dataclass
 class CriticConfig:
     enable: bool | None = key(None, "null: on when algorithm.adv_estimator needs values (gae)")
-    strategy: str = key("fsdp", "fsdp | megatron")
+    strategy: str = key("fsdp", "fsdp | megatron", choices=STRATEGIES)
     model: CriticModelConfig = key(CriticModelConfig(), "the value model")
     optim: OptimConfig = key(OptimConfig(lr=1e-5), "the critic's optimizer")
     ppo_mini_batch_size: int | None = key(None, "null: actor_rollout_ref.actor.ppo_mini_batch_size",
@@ -40,8 +42,9 @@ class CriticConfig:
                                                     OPTIONAL_POSITIVE)
     ppo_epochs: int | None = key(None, "null: actor_rollout_ref.actor.ppo_epochs", OPTIONAL_POSITIVE)
     cliprange_value: float = key(0.5, "the value loss's clip range", GREATER_THAN_0)
-    loss_agg_mode: str = key("token-mean", "as actor_rollout_ref.actor.loss_agg_mode")
-    param_dtype: str = key("auto", "as the actor's: auto | fp32 | bf16")
+    loss_agg_mode: str = key("token-mean", "as actor_rollout_ref.actor.loss_agg_mode",
+                             choices=Registry("hybridflow.algorithms:LOSS_AGG_MODES"))
+    param_dtype: str = key("auto", "as the actor's: auto | fp32 | bf16", choices=PARAM_DTYPES)
     grad_clip: float | None = key(None, "verl's max grad norm key; null: optim.clip_grad")
     megatron: MegatronConfig = key(MegatronConfig(), "only with strategy=megatron")
     checkpoint: CheckpointContents = key(CheckpointContents(), "what a checkpoint holds")

@@ -1,15 +1,19 @@
-"""One declaration per config key: ``key(default, doc, check=...)`` keeps a field's default, its
-one-line doc, its allowed range and whether it is a path on the dataclass field. Loading, the
-range checks and ``--help`` read them from there; the recipes' base config is built from it.
+"""One declaration per config key: ``key(default, doc, check=..., choices=...)`` keeps a field's
+default, its one-line doc, its allowed range or names and whether it is a path on the dataclass
+field. Loading, the range and name checks and ``--help`` read them from there; the recipes' base
+config is built from it.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import os
 import typing
 from collections.abc import Iterator
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple
+
+ARR = "actor_rollout_ref"  # the hybrid worker's section, named in many messages
 
 
 class Range(NamedTuple):
@@ -31,11 +35,24 @@ TOP_K = Range(lambda v: v == -1 or v >= 1, "-1 (off) or a positive integer")
 NOT_EMPTY = Range(bool, "not empty")
 
 
-def key(default: Any, doc: str, check: Range | None = None, path: bool = False, composed: Any = None) -> Any:
+class Registry(NamedTuple):
+    """Allowed names kept by a registry outside config (``module:NAME``), imported only when a value
+    is checked, so ``import hybridflow.config`` stays torch-free."""
+    where: str
+    extensible: bool = False  # a module named by actor_rollout_ref.model.external_lib may register more
+
+    def names(self) -> Collection:
+        module, name = self.where.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def key(default: Any, doc: str, check: Range | None = None, path: bool = False, composed: Any = None,
+        choices: Collection | Registry | None = None) -> Any:
     """A config field. ``path``: a filesystem path that ``load_config`` makes absolute (Ray workers
     need not share the driver's working directory). ``composed``: what the recipes' base config
-    holds instead of ``default`` (an interpolation that evaluates to it)."""
-    metadata = {"doc": doc, "check": check, "path": path, "composed": composed}
+    holds instead of ``default`` (an interpolation that evaluates to it). ``choices``: the names a
+    value (each item of a list value) may take; null is not checked."""
+    metadata = {"doc": doc, "check": check, "path": path, "composed": composed, "choices": choices}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

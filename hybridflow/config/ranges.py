@@ -1,27 +1,49 @@
-"""Single-key value ranges, read from the fields' declarations (``keys.key(check=...)``), plus the
-few whose range depends on another key."""
+"""Single-key value ranges and allowed names, read from the fields' declarations
+(``keys.key(check=..., choices=...)``), plus the few ranges that depend on another key."""
 from __future__ import annotations
 
 import dataclasses
 import math
 from typing import Any, Callable
 
-from hybridflow.config.keys import GREATER_THAN_0, POSITIVE
+from collections.abc import Iterator
+
+from hybridflow.config.keys import ARR, GREATER_THAN_0, POSITIVE, Registry
 from hybridflow.config.root import RootConfig
+from hybridflow.config.rules import unknown_name
 
 Check = tuple[str, Any, Callable[[Any], bool], str]  # key, value, ok(value), what it must be
 
 
-def declared_rows(node: Any, prefix: str = "") -> list[Check]:
-    """A row per field of the tree declared with a range, in the tree's order."""
-    rows: list[Check] = []
+def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any, dict]]:
+    """(dotted key, value, field metadata) of every non-section field of a config tree, in order."""
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value):
-            rows += declared_rows(value, f"{prefix}{f.name}.")
-        elif f.metadata.get("check"):
-            rows.append((prefix + f.name, value, *f.metadata["check"]))
-    return rows
+            yield from leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value, f.metadata
+
+
+def declared_rows(node: Any) -> list[Check]:
+    """A row per field of the tree declared with a range, in the tree's order."""
+    return [(k, value, *meta["check"]) for k, value, meta in leaves(node) if meta.get("check")]
+
+
+def name_errors(node: Any) -> list[str]:
+    """Every value (each item of a list) outside its field's declared ``choices``; null is not checked."""
+    errors = []
+    for k, value, meta in leaves(node):
+        choices = meta.get("choices")
+        if choices is None or value is None:
+            continue
+        allowed = choices.names() if isinstance(choices, Registry) else choices
+        # docs/extending.md: a user's module may register its own estimator or loss
+        extra = (f" (or register your own in a module named by {ARR}.model.external_lib)"
+                 if isinstance(choices, Registry) and choices.extensible else "")
+        errors += [unknown_name(k, v, allowed) + extra for v in (value if isinstance(value, list) else [value])
+                   if v not in allowed]
+    return errors
 
 
 def non_finite_errors(node: Any, key: str = "") -> list[str]:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.actor_rollout_ref import DEPRECATED_GLOBAL
-from hybridflow.config.keys import OPTIONAL_GT_0, POSITIVE, Range, key
+from hybridflow.config.keys import OPTIONAL_GT_0, POSITIVE, Range, Registry, key
 
 
 @dataclass
@@ -29,7 +29,8 @@ class OverlongBufferConfig:
 class RewardModelConfig:
     enable: bool = key(False, "score with a reward model worker")
     reward_manager: str = key("naive", "naive: custom_reward_function per response | batch: once per batch, with "
-                                       "lists | dapo: naive + overlong_buffer (hybridflow/rewards/manager.py)")
+                                       "lists | dapo: naive + overlong_buffer (hybridflow/rewards/manager.py)",
+                              choices=Registry("hybridflow.rewards.manager:REWARD_MANAGERS"))
     overlong_buffer: OverlongBufferConfig = key(OverlongBufferConfig(), "reward_manager=dapo: DAPO's soft "
                                                                         "overlong punishment")
     model: RewardModelModelConfig = key(RewardModelModelConfig(), "the reward model")

@@ -9,10 +9,9 @@ import re
 from typing import Any
 
 from hybridflow.config.common import CHECKPOINT_CONTENTS
-
-ARR = "actor_rollout_ref"
-DEVICES = ("auto", "cpu", "cuda")
-TRUNCATION_MODES = ("error", "left", "right")
+from hybridflow.config.data import TRUNCATION_MODES  # noqa: F401 (sft.py's import until it reads choices)
+from hybridflow.config.keys import ARR
+from hybridflow.config.trainer import DEVICES  # noqa: F401 (as TRUNCATION_MODES)
 
 
 def unknown_name(key: str, value: Any, allowed) -> str:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.config.keys import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, key
+from hybridflow.config.keys import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, Registry, key
 
 RUN_DIR = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
 class TrainerConfig:
-    device: str = key("auto", "auto | cpu | cuda")
+    device: str = key("auto", "auto | cpu | cuda", choices=DEVICES)
     nnodes: int = key(1, "nodes", POSITIVE)
     n_gpus_per_node: int = key(1, "GPUs per node; on CPU: worker slots per node", POSITIVE)
     total_epochs: int = key(1, "passes over the training prompts", POSITIVE)
@@ -42,12 +43,14 @@ class TrainerConfig:
                                        path=True)
     validation_data_dir: str | None = key(None, "a folder: each validation's samples as <step>.jsonl", path=True)
     logger: list[str] = key(["console", "jsonl"], "console | jsonl | tensorboard | mlflow | wandb "
-                                                  "(metrics.jsonl is always written)")
+                                                  "(metrics.jsonl is always written)",
+                             choices=Registry("hybridflow.tracking.tracker:BACKENDS"))
     project_name: str = key("hybridflow", "the tracking project")
     experiment_name: str = key("demo", "the tracking run's name")
     call_timeout_s: float = key(600.0, "every worker call and collective of a step", GREATER_THAN_0)
     init_timeout_s: float = key(1800.0, "the workers' start-up (init_model: models, weights, vLLM)", GREATER_THAN_0)
-    placement: str = key("colocate", "colocate | separate (critic/ref/reward model on a 2nd pool)")
+    placement: str = key("colocate", "colocate | separate (critic/ref/reward model on a 2nd pool)",
+                         choices=("colocate", "separate"))
     separate_pool_gpus_per_node: int = key(1, "placement=separate: the 2nd pool's slots per node", POSITIVE)
     overlap_separate_pools: bool = key(True, "separate: the 2nd pool's calls run while the actor's pool works")
     cpus_per_worker: float = key(1.0, "Ray CPU resources per worker process", GREATER_THAN_0)

@@ -6,23 +6,21 @@ the devices at hand. Each message names the key(s) and says how to fix them.
 """
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-import re
 
 from hybridflow.config.derived import (
-    LR_SCHEDULERS, PARAM_DTYPES, ROLLOUT_DTYPES, ROLLOUT_NAMES, STRATEGIES, derive,
-    estimator_needs_critic, log_prob_token_budget, model_parallel, needs_critic, needs_reference,
+    derive, estimator_needs_critic, log_prob_token_budget, model_parallel, needs_critic, needs_reference,
     reward_fn_runs_async, reward_pool_world,
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.folders import writable_folder_error
-from hybridflow.config.ranges import range_errors
+from hybridflow.config.keys import ARR
+from hybridflow.config.ranges import name_errors as declared_name_errors, range_errors
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
-    DEVICES, TRUNCATION_MODES, checkpoint_errors, fsdp_size_error, hub_id_hint, lora_strategy_errors,
-    overlong_buffer_errors, rollout_errors, unknown_name,
+    checkpoint_errors, fsdp_size_error, hub_id_hint, lora_strategy_errors,
+    overlong_buffer_errors, rollout_errors,
 )
 from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
 from hybridflow.model_checks import (
@@ -32,10 +30,6 @@ from hybridflow.model_checks import (
 from hybridflow.model_overrides import external_lib_error, overridden_dict
 
 logger = logging.getLogger(__name__)
-
-PLACEMENTS = ("colocate", "separate")
-KL_CTRL_TYPES = ("fixed", "adaptive")
-ARR = "actor_rollout_ref"
 
 
 def validate(cfg: RootConfig, *, available_slots: int | None = None,
@@ -87,43 +81,11 @@ def lora_errors(cfg: RootConfig) -> list[str]:
 
 
 def name_errors(cfg: RootConfig) -> list[str]:
-    """Names checked against the registries that implement them."""
-    from hybridflow.algorithms import (
-        ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
-    )
-    from hybridflow.rewards.manager import REWARD_MANAGERS
-    from hybridflow.algorithms.dynamic_sampling import FILTER_METRICS
-    from hybridflow.tracking.tracker import BACKENDS, backend_import_errors
+    """Names outside their fields' choices (the registries that implement them), and the logger list."""
+    from hybridflow.tracking.tracker import backend_import_errors
 
-    a, r, c, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic, cfg.trainer
-    checks = [
-        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGE_ESTIMATORS),
-        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_ESTIMATORS),
-        ("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, KL_CONTROLLERS),
-        (f"{ARR}.actor.kl_loss_type", a.kl_loss_type, KL_ESTIMATORS),
-        (f"{ARR}.actor.loss_agg_mode", a.loss_agg_mode, LOSS_AGG_MODES),
-        (f"{ARR}.actor.policy_loss.loss_mode", a.policy_loss.loss_mode, POLICY_LOSSES),
-        (f"{ARR}.actor.recompute_old_log_prob", a.recompute_old_log_prob, ("auto", "always")),
-        (f"{ARR}.actor.strategy", a.strategy, STRATEGIES),
-        (f"{ARR}.actor.param_dtype", a.param_dtype, PARAM_DTYPES),
-        (f"{ARR}.actor.optim.{a.optim.schedule_key}", a.optim.schedule, LR_SCHEDULERS),
-        (f"{ARR}.rollout.name", r.name, ROLLOUT_NAMES),
-        (f"{ARR}.rollout.dtype", r.dtype, ROLLOUT_DTYPES),
-        ("critic.strategy", c.strategy, STRATEGIES),
-        ("critic.param_dtype", c.param_dtype, PARAM_DTYPES),
-        ("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES),
-        (f"critic.optim.{c.optim.schedule_key}", c.optim.schedule, LR_SCHEDULERS),
-        ("data.truncation", cfg.data.truncation, TRUNCATION_MODES),
-        ("trainer.device", t.device, DEVICES),
-        ("trainer.placement", t.placement, PLACEMENTS),
-        ("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS),
-        ("algorithm.filter_groups.metric", cfg.algorithm.filter_groups.metric, FILTER_METRICS),
-    ]
-    errors = [unknown_name(key, value, allowed) for key, value, allowed in checks if value not in allowed]
-    registered = ("algorithm.adv_estimator", f"{ARR}.actor.policy_loss.loss_mode")  # docs/extending.md
-    errors = [e + (f" (or register your own in a module named by {ARR}.model.external_lib)"
-                   if e.startswith(registered) else "") for e in errors]
-    errors += [unknown_name("trainer.logger", name, BACKENDS) for name in t.logger if name not in BACKENDS]
+    a, t = cfg.actor_rollout_ref.actor, cfg.trainer
+    errors = declared_name_errors(cfg)
     errors += backend_import_errors(t.logger)
     if len(set(t.logger)) != len(t.logger):
         errors.append(f"trainer.logger={t.logger} lists a logger twice: list each once")
