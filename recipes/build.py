@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.config import read_model_config
-from hybridflow.config.derived import (
-    actor_engine_kwargs, critic_engine_kwargs, critic_external_lib, ref_engine_kwargs, reward_model_external_lib,
-    rollout_engine_kwargs,
-)
+from hybridflow.config.derived import critic_external_lib, reward_model_external_lib
 from hybridflow.config.resolve import critic_model_path
 from hybridflow.controller import RayClassWithInitArgs
+from recipes.engine_settings import (
+    actor_engine_kwargs, critic_engine_kwargs, ref_engine_kwargs, rollout_engine_kwargs,
+)
 from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
 from workers.critic import CriticSettings, CriticWorker
 from workers.engines.config import EngineConfig

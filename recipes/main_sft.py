@@ -5,13 +5,13 @@ import os
 import sys
 
 from hybridflow.config import ConfigError
-from hybridflow.config.derived import lora_kwargs, offload_kwargs
 from hybridflow.model_files import weights_error
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from hybridflow.data.dataset import DataError
 from hybridflow.trainer.checkpoint import CheckpointError, open_resume
 from hybridflow.trainer.sft_trainer import sft_worker_layout
 from recipes.cli import cli_info, compose_config, split_cli_args
+from recipes.engine_settings import sft_engine_kwargs
 from recipes.main_ppo import (Terminated, available_slots, input_error_line, logs_clause, ray_address_from_env,
                               report_stop, restore_sigterm, stop_on_sigterm)
 
@@ -53,19 +53,7 @@ def run(cfg) -> dict:
                                         collate_fn=collate_sft) if val_ds else None)
     steps = len(train_loader) * t.total_epochs
     steps = min(steps, t.total_training_steps) if t.total_training_steps else steps
-    warmup = cfg.optim.lr_warmup_steps if cfg.optim.lr_warmup_steps >= 0 else int(cfg.optim.lr_warmup_steps_ratio * steps)
-    m, o = cfg.model, cfg.optim
-    tp, pp = ((m.megatron.tensor_model_parallel_size, m.megatron.pipeline_model_parallel_size)
-              if m.strategy == "megatron" else (1, 1))
-    engine = EngineConfig(strategy=m.strategy, tp=tp, pp=pp, param_dtype=m.param_dtype, lr=o.lr,
-                          weight_decay=o.weight_decay, betas=tuple(o.betas), adam_eps=o.eps, warmup_steps=warmup,
-                          lr_schedule=o.schedule, total_steps=steps, min_lr_ratio=o.min_lr_ratio,
-                          grad_clip=o.clip_grad, micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
-                          gradient_checkpointing=m.enable_gradient_checkpointing, seed=t.seed,
-                          disable_dropout=False,  # SFT trains with the checkpoint's dropout, as verl's does
-                          fsdp_size=m.fsdp_config.fsdp_size, forward_prefetch=m.fsdp_config.forward_prefetch,
-                          reshard_after_forward=m.fsdp_config.reshard_after_forward,
-                          **offload_kwargs(m.strategy, m.fsdp_config, m.megatron), **lora_kwargs(m))
+    engine = EngineConfig(**sft_engine_kwargs(cfg, steps))
     # the data is read and checked first: a bad input leaves no log folder behind
     with quiet_driver(t.default_local_dir) as logs:
         return {**_train(cfg, engine, train_loader, val_loader), "logs": logs}

@@ -12,10 +12,7 @@ from hybridflow.config.algorithm import AlgorithmConfig, KLCtrlConfig
 from hybridflow.config.common import MegatronConfig, OptimConfig
 from hybridflow.config.critic import CriticConfig, CriticModelConfig
 from hybridflow.config.data import DataConfig
-from hybridflow.config.derived import (
-    Derived, actor_engine_kwargs, critic_engine_kwargs, derive, needs_critic, needs_reference,
-    rollout_engine_kwargs,
-)
+from hybridflow.config.derived import Derived, derive, needs_critic, needs_reference
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import dotted_keys
 from hybridflow.config.load import load_config, to_dataclass
@@ -28,8 +25,7 @@ from hybridflow.config.validate import validate
 __all__ = [
     "ActorConfig", "ActorRolloutRefConfig", "ModelConfig", "RefConfig", "RolloutConfig",
     "ValKwargsConfig", "AlgorithmConfig", "KLCtrlConfig", "MegatronConfig", "OptimConfig",
-    "CriticConfig", "CriticModelConfig", "DataConfig", "Derived", "actor_engine_kwargs",
-    "critic_engine_kwargs", "derive", "needs_critic", "needs_reference", "rollout_engine_kwargs",
+    "CriticConfig", "CriticModelConfig", "DataConfig", "Derived", "derive", "needs_critic", "needs_reference",
     "ConfigError", "dotted_keys", "load_config", "to_dataclass",
     "CustomRewardFunctionConfig", "RewardModelConfig", "RewardModelModelConfig", "RootConfig",
     "RayInitConfig", "TrainerConfig", "read_model_config", "validate",

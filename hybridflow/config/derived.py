@@ -1,6 +1,6 @@
 """Numbers the trainer derives from a config: parallel sizes, per-step batch counts, run length,
-and the keyword arguments of the engine and rollout dataclasses (which live in ``workers/``, so
-they are returned as dicts: the core never imports ``workers``).
+and the predicates on which roles a run builds (the engines' settings are built from these in
+``recipes/engine_settings.py``).
 
 Batch arithmetic is verl's: ``ppo_mini_batch_size`` counts prompts, so one mini-batch holds
 ``ppo_mini_batch_size * rollout.n`` sequences, split evenly over the data-parallel ranks, each
@@ -48,15 +48,6 @@ def reward_fn_runs_async(cfg: RootConfig) -> bool:
 def critic_shares_actor_model(cfg: RootConfig) -> bool:
     """``critic.model.path`` null (or the actor's path): the critic's backbone is the actor's model."""
     return cfg.critic.model.path in (None, cfg.actor_rollout_ref.model.path)
-
-
-def critic_override_config(cfg: RootConfig) -> dict:
-    """``critic.model.override_config``, or the actor's when the critic starts from the actor's
-    model and sets none. verl reads only the critic's own key (its default is empty); here a
-    critic built from the actor's checkpoint sees the model the actor trains (rope scaling, context
-    length, norms) unless it says otherwise, which is what a user who overrides the actor means."""
-    own = cfg.critic.model.override_config
-    return dict(cfg.actor_rollout_ref.model.override_config if not own and critic_shares_actor_model(cfg) else own)
 
 
 def critic_external_lib(cfg: RootConfig) -> str | None:
@@ -117,7 +108,8 @@ def _total_steps(cfg: RootConfig, dataset_len: int | None) -> tuple[int | None, 
     return per_epoch, (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)
 
 
-def _warmup(optim, total_optimizer_steps: int | None) -> int | None:
+def warmup_steps(optim, total_optimizer_steps: int | None) -> int | None:
+    """An optimizer's warm-up steps: ``lr_warmup_steps``, or else its ``lr_warmup_steps_ratio`` of the total."""
     if optim.lr_warmup_steps >= 0:
         return optim.lr_warmup_steps
     if total_optimizer_steps is None:
@@ -167,39 +159,9 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
         critic_mini_batch_size=critic_mini, critic_ppo_epochs=critic_epochs,
         critic_optimizer_steps_per_step=critic_opt_steps,
         steps_per_epoch=per_epoch, total_training_steps=total,
-        actor_warmup_steps=_warmup(arr.actor.optim, None if total is None else total * actor_opt_steps),
-        critic_warmup_steps=_warmup(cfg.critic.optim, None if total is None else total * critic_opt_steps),
+        actor_warmup_steps=warmup_steps(arr.actor.optim, None if total is None else total * actor_opt_steps),
+        critic_warmup_steps=warmup_steps(cfg.critic.optim, None if total is None else total * critic_opt_steps),
     )
-
-
-def _trained_engine_kwargs(cfg: RootConfig, d: Derived, role, model, fsdp_config, steps_per_step: int,
-                           warmup) -> dict:
-    """What the actor's and the critic's engines read alike from their own section (``role``), its
-    model section and its ``fsdp_config``; ``steps_per_step``: its optimizer steps per training step."""
-    tp, pp = model_parallel(role.strategy, role.megatron)
-    optim = role.optim
-    return dict(
-        strategy=role.strategy, tp=tp, pp=pp, param_dtype=role.param_dtype, lr=optim.lr,
-        weight_decay=optim.weight_decay, betas=tuple(optim.betas), adam_eps=optim.eps,
-        warmup_steps=warmup or 0, lr_schedule=optim.schedule, min_lr_ratio=optim.min_lr_ratio,
-        total_steps=(d.total_training_steps or 0) * steps_per_step,
-        grad_clip=optim.clip_grad if role.grad_clip is None else role.grad_clip,  # verl has both keys
-        micro_batch_size_per_gpu=role.ppo_micro_batch_size_per_gpu,
-        max_token_len_per_gpu=role.ppo_max_token_len_per_gpu if role.use_dynamic_bsz else None,
-        gradient_checkpointing=model.enable_gradient_checkpointing, use_remove_padding=model.use_remove_padding,
-        share_prompt_prefix=model.share_prompt_prefix, seed=cfg.trainer.seed,
-        **fsdp_kwargs(fsdp_config), **offload_kwargs(role.strategy, fsdp_config, role.megatron), **lora_kwargs(model))
-
-
-def fsdp_kwargs(fsdp_config) -> dict:
-    return dict(fsdp_size=fsdp_config.fsdp_size, forward_prefetch=fsdp_config.forward_prefetch,
-                reshard_after_forward=fsdp_config.reshard_after_forward)
-
-
-def offload_kwargs(strategy: str, fsdp_config, megatron) -> dict:
-    """verl's ``param_offload`` / ``optimizer_offload``, read from the strategy's own node."""
-    node = megatron if strategy == "megatron" else fsdp_config
-    return dict(param_offload=node.param_offload, optimizer_offload=getattr(node, "optimizer_offload", False))
 
 
 def log_prob_token_budget(cfg: RootConfig, section) -> int | None:
@@ -217,55 +179,3 @@ def lora_kwargs(model) -> dict:
     """verl's LoRA keys of a model section (``common.LoraKeys``) as EngineConfig arguments."""
     return dict(lora_rank=model.lora_rank, lora_alpha=model.lora_alpha, target_modules=list(model.target_modules),
                 exclude_modules=list(model.exclude_modules) or None)
-
-
-def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
-    """Arguments of ``workers.engines.config.EngineConfig`` for the actor (the engines' settings are
-    built here and in the two functions below, nowhere else)."""
-    arr, d = cfg.actor_rollout_ref, derived
-    return _trained_engine_kwargs(cfg, d, arr.actor, arr.model, arr.actor.fsdp_config,
-                                  d.actor_optimizer_steps_per_step, d.actor_warmup_steps) | dict(
-        infer_micro_batch_size_per_gpu=arr.rollout.log_prob_micro_batch_size_per_gpu,
-        infer_max_token_len_per_gpu=log_prob_token_budget(cfg, arr.rollout),
-        override_config=dict(arr.model.override_config))
-
-
-def ref_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
-    """The reference policy's: the actor's model and parallel sizes with the ``ref`` section's
-    micro-batches, fsdp and offload keys, and no adapters (colocated with a LoRA actor, the worker
-    uses the actor's engine with its adapters off instead of this one)."""
-    ref, strategy = cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.actor.strategy
-    return actor_engine_kwargs(cfg, derived) | dict(
-        micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
-        infer_micro_batch_size_per_gpu=ref.log_prob_micro_batch_size_per_gpu,
-        infer_max_token_len_per_gpu=log_prob_token_budget(cfg, ref), lora_rank=0,
-        **fsdp_kwargs(ref.fsdp_config), **offload_kwargs(strategy, ref.fsdp_config, ref.megatron))
-
-
-def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
-    critic, d = cfg.critic, derived
-    forward_budget = critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu
-    return _trained_engine_kwargs(cfg, d, critic, critic.model, critic.model.fsdp_config,
-                                  d.critic_optimizer_steps_per_step, d.critic_warmup_steps) | dict(
-        infer_micro_batch_size_per_gpu=critic.forward_micro_batch_size_per_gpu,
-        infer_max_token_len_per_gpu=forward_budget if critic.use_dynamic_bsz else None,
-        override_config=critic_override_config(cfg))
-
-
-def rollout_engine_kwargs(cfg: RootConfig) -> dict:
-    """Arguments of ``workers.rollout.base.RolloutConfig`` (prompt/response widths from data).
-
-    verl's dummy_* load formats (dummy_dtensor, dummy_hf, dummy_megatron: named after the
-    training backend that fills the weights) are all vLLM's "dummy" random init."""
-    r = cfg.actor_rollout_ref.rollout
-    return dict(
-        name=r.name, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample,
-        ignore_eos=r.ignore_eos, max_model_len=r.max_model_len, tensor_model_parallel_size=r.tensor_model_parallel_size,
-        prompt_length=cfg.data.max_prompt_length, response_length=cfg.data.max_response_length, dtype=r.dtype,
-        gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_gib=r.kv_cache_gib, max_num_seqs=r.max_num_seqs,
-        cpu_live_weights=r.cpu_live_weights, max_num_batched_tokens=r.max_num_batched_tokens,
-        enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
-        enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
-        load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
-        vllm_engine_kwargs=dict(r.engine_kwargs.vllm), free_cache_engine=r.free_cache_engine, seed=cfg.trainer.seed,
-        hf_overrides=dict(cfg.actor_rollout_ref.model.override_config))  # vLLM builds the actor's model

@@ -1,10 +1,8 @@
 """The config feeds the workers' own dataclasses: names agree and the derived kwargs construct them."""
 import pytest
 
-from hybridflow.config import (
-    actor_engine_kwargs, critic_engine_kwargs, derive, load_config, rollout_engine_kwargs, validate,
-)
-from hybridflow.config import derived
+from hybridflow.config import derive, derived, load_config, validate
+from recipes.engine_settings import actor_engine_kwargs, critic_engine_kwargs, rollout_engine_kwargs
 
 engine_config = pytest.importorskip("workers.engines.config")
 rollout_base = pytest.importorskip("workers.rollout.base")

@@ -7,9 +7,9 @@ from omegaconf import OmegaConf
 
 from hybridflow.config import ConfigError, RootConfig, derive, dotted_keys, load_config, validate
 from hybridflow.config.derived import say_once
-from hybridflow.config.derived import rollout_engine_kwargs as derive_rollout_kwargs
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from recipes.cli import cli_info, compose_config, split_cli_args
+from recipes.engine_settings import rollout_engine_kwargs as derive_rollout_kwargs
 
 RL_RECIPES = ["ppo", "grpo", "remax", "dapo", "gspo"]
 
@@ -92,7 +92,7 @@ def test_param_dtype_auto_is_resolved_before_anything_reads_it(monkeypatch, caps
 
 def test_a_hand_built_config_left_at_auto_reaches_the_engines_resolved(monkeypatch):
     monkeypatch.setenv("HYBRIDFLOW_AUTO_DTYPE", "bf16")
-    from hybridflow.config.derived import actor_engine_kwargs
+    from recipes.engine_settings import actor_engine_kwargs
 
     cfg = RootConfig()  # the programmatic API need not go through load_config
     assert cfg.actor_rollout_ref.actor.param_dtype == "auto"

@@ -6,10 +6,10 @@ import pytest
 
 from hybridflow import device
 from hybridflow.config import derive, load_config
-from hybridflow.config.derived import (
+from hybridflow.config.resolve import resolve
+from recipes.engine_settings import (
     actor_engine_kwargs, critic_engine_kwargs, ref_engine_kwargs, rollout_engine_kwargs,
 )
-from hybridflow.config.resolve import resolve
 
 # PPO with a critic, GRPO with a KL loss (a reference), Megatron, LoRA
 RUNS = [{"algorithm": {"adv_estimator": "gae"}},

@@ -3,9 +3,10 @@ disable_log_stats, load_format, engine_kwargs.vllm): each config error is one li
 key and the fix, and each value reaches the engine's RolloutConfig. No Ray, no vLLM engine."""
 import pytest
 
-from hybridflow.config import ConfigError, load_config, rollout_engine_kwargs, validate
+from hybridflow.config import ConfigError, load_config, validate
 from hybridflow.config.rules import ROLLOUT_LOAD_FORMATS, VLLM_KWARGS_FIXED, VLLM_KWARGS_FROM_KEYS
 from recipes.cli import compose_config
+from recipes.engine_settings import rollout_engine_kwargs
 from workers.rollout.base import RolloutConfig
 
 R = "actor_rollout_ref.rollout"
