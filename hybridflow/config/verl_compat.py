@@ -3,14 +3,12 @@ unchanged. Keys with no effect here (inert), keys accepted at their "off" value 
 deprecated global micro-batch sizes, and verl's other names and homes of a key (``ray_kwargs``,
 ``resume_mode=resume_path``, the SFT trainer's ``partial_pretrain`` / ``warmup_steps_ratio``).
 
-Inert keys are listed with the values they are accepted at and what they are in verl. ``ANY``:
-every value is accepted because the key only tunes speed or memory in a way that has no
-counterpart here. Otherwise a value outside the listed ones asks for a feature hybridflow does not
-have, and the run fails before any worker starts with the reason, so it never silently differs
-from what was asked. They are not fields of the config dataclasses, since no code reads them:
-``load.to_dataclass`` removes them after checking their values (:func:`pop_inert_keys`), and
-``cli.compose_config`` lets Hydra add them without the ``+`` a key missing from the base config
-would need. A schema names its table in ``verl_inert_keys``.
+An inert key is listed with the values it is accepted at (``ANY``: it only tunes speed or memory
+in a way with no counterpart here) and what it is in verl; another value asks for a feature
+hybridflow does not have, and the run fails with the reason before any worker starts. No code
+reads them, so they are not dataclass fields: ``load.to_dataclass`` checks and removes them
+(:func:`pop_inert_keys`), ``cli.compose_config`` lets Hydra add them without a ``+``. A schema
+names its table in ``verl_inert_keys``.
 """
 from __future__ import annotations
 
@@ -27,135 +25,130 @@ logger = logging.getLogger(__name__)
 ARR = "actor_rollout_ref"
 RESUME_MODES = ("auto", "disable")
 
-ANY = None
-_ULYSSES = ((1,), "Ulysses sequence parallelism is not implemented (long sequences: use_remove_padding, "
-                  "use_dynamic_bsz, or strategy=megatron with tensor parallelism)")
+# accepted values; ANY: every value
+ANY, OFF, NULL = None, (False,), (None,)
+# reasons several keys share
+SPEED, MEMORY = "speed only", "memory only"
+STEPS = "the trainer sets the schedule's length from the run, as verl does"
+PROFILING = "profiling is not built in; scripts/bench/ measures each stage"
+NO_REMOTE_CODE = "remote model code is never run"
+LONG_SEQUENCES = "long sequences: use_remove_padding, use_dynamic_bsz, or strategy=megatron with tensor parallelism"
+ULYSSES = ((1,), f"Ulysses sequence parallelism is not implemented ({LONG_SEQUENCES})")
+CUSTOM_DATASET = "a custom dataset class is not supported; rows are read"
 
 
-def _fsdp(section: str, dtype_key: str) -> dict[str, tuple[tuple | None, str]]:
-    return {
-        f"{section}.offload_policy": ((False,), "FSDP2's CPUOffloadPolicy is not used; param_offload and "
-                                                "optimizer_offload move state between engine calls"),
-        f"{section}.model_dtype": (("fp32", "float32"), "the FSDP model holds fp32 master weights; for bf16 "
-                                                        f"compute set {dtype_key}=bf16"),
-        f"{section}.wrap_policy.min_num_params": ((0,), "FSDP2 shards each decoder layer as a unit"),
-    }
+def _under(sections: Iterable[str], table: dict) -> dict:
+    """The same keys in each section, section by section."""
+    return {f"{section}.{name}": entry for section in sections for name, entry in table.items()}
 
 
-def _megatron(section: str) -> dict[str, tuple[tuple | None, str]]:
-    return {
-        f"{section}.sequence_parallel": (ANY, "activation memory only; tensor parallelism runs without it"),
-        f"{section}.use_distributed_optimizer": (ANY, "memory only; the optimizer state is replicated over "
-                                                      "data-parallel ranks"),
-        f"{section}.virtual_pipeline_model_parallel_size": ((None, 1), "the pipeline runs the 1F1B schedule, "
-                                                                       "not the interleaved one"),
-        f"{section}.context_parallel_size": ((1,), "context parallelism is not implemented"),
-        f"{section}.expert_model_parallel_size": ((1,), "mixture-of-experts models are not supported"),
-        f"{section}.grad_offload": ((False,), "gradients stay on the device"),
-        f"{section}.seed": (ANY, "trainer.seed seeds every rank"),
-        f"{section}.use_dist_checkpointing": ((False,), "checkpoints are saved per rank in hybridflow's "
-                                                        "format and exported as HF safetensors"),
-        f"{section}.dist_checkpointing_path": ((None,), "see use_dist_checkpointing"),
-    }
+def _fsdp(section: str, dtype_key: str) -> dict:
+    return _under([section], {
+        "offload_policy": (OFF, "FSDP2's CPUOffloadPolicy is not used; param_offload and optimizer_offload move "
+                                "state between engine calls"),
+        "model_dtype": (("fp32", "float32"), f"the FSDP model holds fp32 master weights; for bf16 compute set "
+                                             f"{dtype_key}=bf16"),
+        "wrap_policy.min_num_params": ((0,), "FSDP2 shards each decoder layer as a unit"),
+    })
 
 
-def _model(section: str) -> dict[str, tuple[tuple | None, str]]:
-    return {
-        f"{section}.use_shm": (ANY, "the checkpoint is read from its path"),
-        f"{section}.enable_activation_offload": ((False,), "activation offload is not implemented; use "
-                                                           "enable_gradient_checkpointing"),
-    }
-
-
-def _reward_model() -> dict[str, tuple[tuple | None, str]]:
-    """verl's reward-model worker is an FSDP module; here each worker holds the whole HF
-    sequence classifier and scores its share of the batch, reading the actor's token ids."""
-    replicated = "the reward model is replicated on each worker (no FSDP sharding or offload)"
-    return {
-        "reward_model.strategy": (ANY, replicated),
-        "reward_model.model.fsdp_config.param_offload": (ANY, replicated),
-        "reward_model.model.fsdp_config.fsdp_size": (ANY, replicated),
-        "reward_model.model.fsdp_config.reshard_after_forward": (ANY, replicated),
-        "reward_model.model.fsdp_config.forward_prefetch": (ANY, replicated),
-        "reward_model.model.fsdp_config.wrap_policy.min_num_params": (ANY, replicated),
-        "reward_model.model.use_remove_padding": (ANY, "speed only"),
-        "reward_model.model.use_fused_kernels": (ANY, "speed only"),
-        "reward_model.use_dynamic_bsz": (ANY, "speed only: micro_batch_size_per_gpu sets the micro-batches"),
-        "reward_model.forward_max_token_len_per_gpu": (ANY, "see reward_model.use_dynamic_bsz"),
-        "reward_model.model.input_tokenizer": (ANY, "the reward model scores the actor's token ids and must "
-                                                    "share its vocabulary (checked when it loads)"),
-        "reward_model.model.trust_remote_code": ((False,), "remote model code is never run"),
-        "reward_model.max_length": ((None,), "sequences are scored whole, never truncated"),
-        "reward_model.ulysses_sequence_parallel_size": _ULYSSES,
-    }
-
+_MEGATRON = {
+    "sequence_parallel": (ANY, "activation memory only; tensor parallelism runs without it"),
+    "use_distributed_optimizer": (ANY, "memory only; the optimizer state is replicated over data-parallel ranks"),
+    "virtual_pipeline_model_parallel_size": ((None, 1), "the pipeline runs the 1F1B schedule, not the interleaved one"),
+    "context_parallel_size": ((1,), "context parallelism is not implemented"),
+    "expert_model_parallel_size": ((1,), "mixture-of-experts models are not supported"),
+    "grad_offload": (OFF, "gradients stay on the device"),
+    "seed": (ANY, "trainer.seed seeds every rank"),
+    "use_dist_checkpointing": (OFF, "checkpoints are saved per rank in hybridflow's format and exported as HF "
+                                    "safetensors"),
+    "dist_checkpointing_path": (NULL, "see use_dist_checkpointing"),
+}
+_MODEL = {
+    "use_shm": (ANY, "the checkpoint is read from its path"),
+    "enable_activation_offload": (OFF, "activation offload is not implemented; use enable_gradient_checkpointing"),
+}
+# verl's reward-model worker is an FSDP module; here each worker holds the whole HF sequence
+# classifier and scores its share of the batch, reading the actor's token ids
+_REPLICATED = "the reward model is replicated on each worker (no FSDP sharding or offload)"
+_REWARD_MODEL = {
+    "strategy": (ANY, _REPLICATED),
+    **{f"model.fsdp_config.{name}": (ANY, _REPLICATED) for name in (
+        "param_offload", "fsdp_size", "reshard_after_forward", "forward_prefetch", "wrap_policy.min_num_params")},
+    "model.use_remove_padding": (ANY, SPEED),
+    "model.use_fused_kernels": (ANY, SPEED),
+    "use_dynamic_bsz": (ANY, "speed only: micro_batch_size_per_gpu sets the micro-batches"),
+    "forward_max_token_len_per_gpu": (ANY, "see reward_model.use_dynamic_bsz"),
+    "model.input_tokenizer": (ANY, "the reward model scores the actor's token ids and must share its vocabulary "
+                                   "(checked when it loads)"),
+    "model.trust_remote_code": (OFF, NO_REMOTE_CODE),
+    "max_length": (NULL, "sequences are scored whole, never truncated"),
+    "ulysses_sequence_parallel_size": ULYSSES,
+}
 
 # dotted key -> (accepted values or ANY, what it is / why it has no effect)
 INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
-    "algorithm.use_pf_ppo": ((False,), "PF-PPO's reward-weighted resampling is not implemented"),
+    "algorithm.use_pf_ppo": (OFF, "PF-PPO's reward-weighted resampling is not implemented"),
     "data.image_key": (ANY, "prompts are text; no image column is read"),
     "data.video_key": (ANY, "prompts are text; no video column is read"),
-    "data.custom_cls.path": ((None,), "a custom dataset class is not supported; rows are read in verl's "
-                                      "parquet/jsonl schema by hybridflow.data"),
-    "data.custom_cls.name": ((None,), "see data.custom_cls.path"),
-    "data.return_full_prompt": ((False,), "the templated prompt text is not carried on the batch"),
-    "data.trust_remote_code": ((False,), "remote tokenizer code is never run"),
+    "data.custom_cls.path": (NULL, f"{CUSTOM_DATASET} in verl's parquet/jsonl schema by hybridflow.data"),
+    "data.custom_cls.name": (NULL, "see data.custom_cls.path"),
+    "data.return_full_prompt": (OFF, "the templated prompt text is not carried on the batch"),
+    "data.trust_remote_code": (OFF, "remote tokenizer code is never run"),
     "data.filter_overlong_prompts_workers": (ANY, "speed only: the filter reads the files once, before Ray starts"),
-    "data.sampler.class_path": ((None,), "a custom sampler is not supported; data.shuffle and data.seed order "
-                                         "the prompts"),
-    "data.sampler.class_name": ((None,), "see data.sampler.class_path"),
+    "data.sampler.class_path": (NULL, "a custom sampler is not supported; data.shuffle and data.seed order the "
+                                      "prompts"),
+    "data.sampler.class_name": (NULL, "see data.sampler.class_path"),
     f"{ARR}.nccl_timeout": (ANY, "trainer.call_timeout_s bounds every worker call"),
-    **_model(f"{ARR}.model"), **_model("critic.model"),
-    f"{ARR}.actor.entropy_from_logits_with_chunking": (ANY, "memory only"),
-    f"{ARR}.actor.optim.total_training_steps": (ANY, "the trainer sets the schedule's length from the run, as "
-                                                     "verl does"),
-    "critic.optim.total_training_steps": (ANY, "the trainer sets the schedule's length from the run, as verl does"),
-    f"{ARR}.actor.entropy_checkpointing": (ANY, "memory only"),
+    **_under([f"{ARR}.model", "critic.model"], _MODEL),
+    f"{ARR}.actor.entropy_from_logits_with_chunking": (ANY, MEMORY),
+    f"{ARR}.actor.optim.total_training_steps": (ANY, STEPS),
+    "critic.optim.total_training_steps": (ANY, STEPS),
+    f"{ARR}.actor.entropy_checkpointing": (ANY, MEMORY),
     **_fsdp(f"{ARR}.actor.fsdp_config", f"{ARR}.actor.param_dtype"),
     **_fsdp(f"{ARR}.ref.fsdp_config", f"{ARR}.actor.param_dtype (the reference computes as the actor)"),
     **_fsdp("critic.model.fsdp_config", "critic.param_dtype"),
-    **_megatron(f"{ARR}.actor.megatron"), **_megatron(f"{ARR}.ref.megatron"), **_megatron("critic.megatron"),
-    f"{ARR}.ref.ulysses_sequence_parallel_size": _ULYSSES,
-    "critic.ulysses_sequence_parallel_size": _ULYSSES,
-    f"{ARR}.rollout.calculate_log_probs": (ANY, "the rollout always returns its log-probs (rollout_log_probs)"),
-    f"{ARR}.rollout.layered_summon": (ANY, "the weight sync streams one tensor at a time anyway"),
-    f"{ARR}.rollout.multi_turn.enable": ((False,), "multi-turn and tool-calling rollouts are not implemented"),
-    f"{ARR}.rollout.agent.num_workers": (ANY, "there is no agent loop (rollout.mode=sync)"),
-    f"{ARR}.rollout.trace.backend": ((None,), "rollout tracing is not implemented"),
-    **_reward_model(),
-    "reward_model.sandbox_fusion.url": ((None,), "sandboxed code execution rewards are not implemented; "
-                                                 "use custom_reward_function"),
+    **_under([f"{ARR}.actor.megatron", f"{ARR}.ref.megatron", "critic.megatron"], _MEGATRON),
+    **_under([f"{ARR}.ref", "critic"], {"ulysses_sequence_parallel_size": ULYSSES}),
+    **_under([f"{ARR}.rollout"], {
+        "calculate_log_probs": (ANY, "the rollout always returns its log-probs (rollout_log_probs)"),
+        "layered_summon": (ANY, "the weight sync streams one tensor at a time anyway"),
+        "multi_turn.enable": (OFF, "multi-turn and tool-calling rollouts are not implemented"),
+        "agent.num_workers": (ANY, "there is no agent loop (rollout.mode=sync)"),
+        "trace.backend": (NULL, "rollout tracing is not implemented"),
+    }),
+    **_under(["reward_model"], _REWARD_MODEL),
+    "reward_model.sandbox_fusion.url": (NULL, "sandboxed code execution rewards are not implemented; use "
+                                              "custom_reward_function"),
     "trainer.esi_redundant_time": (ANY, "no elastic server instance expiry to plan for"),
-    "trainer.del_local_ckpt_after_load": ((False,), "a checkpoint is never deleted after it is loaded"),
+    "trainer.del_local_ckpt_after_load": (OFF, "a checkpoint is never deleted after it is loaded"),
     "trainer.ray_wait_register_center_timeout": (ANY, "workers register through Ray directly "
                                                       "(trainer.call_timeout_s bounds every call)"),
-    "trainer.profile_steps": ((None,), "profiling is not built in; scripts/bench/ measures each stage"),
+    "trainer.profile_steps": (NULL, PROFILING),
     "trainer.use_legacy_worker_impl": (ANY, "there is one worker implementation"),
-    "global_profiler.tool": ((None,), "profiling is not built in; scripts/bench/ measures each stage"),
-    "global_profiler.steps": ((None,), "see global_profiler.tool"),
+    "global_profiler.tool": (NULL, PROFILING),
+    "global_profiler.steps": (NULL, "see global_profiler.tool"),
 }
-
 
 # the SFT recipe's (verl's fsdp_sft_trainer.yaml)
 SFT_INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "use_remove_padding": (ANY, "speed only; micro-batches are cut to their longest row"),
-    "ulysses_sequence_parallel_size": _ULYSSES,
-    "data.balance_dp_token": (ANY, "speed only"),
+    "ulysses_sequence_parallel_size": ULYSSES,
+    "data.balance_dp_token": (ANY, SPEED),
     "data.use_shm": (ANY, "files are read from where they are"),
-    "data.chat_template": ((None,), "the tokenizer's template is used; change it in the tokenizer's files"),
-    "data.custom_cls.path": ((None,), "a custom dataset class is not supported; rows are read by "
-                                      "hybridflow.data.sft_dataset"),
-    "data.custom_cls.name": ((None,), "see data.custom_cls.path"),
+    "data.chat_template": (NULL, "the tokenizer's template is used; change it in the tokenizer's files"),
+    "data.custom_cls.path": (NULL, f"{CUSTOM_DATASET} by hybridflow.data.sft_dataset"),
+    "data.custom_cls.name": (NULL, "see data.custom_cls.path"),
     "data.multiturn.tools_key": (ANY, "tool schemas are not passed to the chat template"),
     "data.multiturn.enable_thinking_key": (ANY, "per-row thinking switches are not read"),
     "model.use_shm": (ANY, "the model is read from where it is"),
-    "model.external_lib": ((None,), "not implemented for SFT; use the RL recipe's model.external_lib"),
-    "model.trust_remote_code": ((False,), "remote model code is not run"),
-    "model.use_liger": ((False,), "Liger kernels are not used"),
+    "model.external_lib": (NULL, "not implemented for SFT; use the RL recipe's model.external_lib"),
+    "model.trust_remote_code": (OFF, "remote model code is not run"),
+    "model.use_liger": (OFF, "Liger kernels are not used"),
     **_fsdp("model.fsdp_config", "model.param_dtype"),
-    "model.fsdp_config.cpu_offload": ((False,), "use model.fsdp_config.param_offload / optimizer_offload"),
-    "model.fsdp_config.offload_params": ((False,), "use model.fsdp_config.param_offload"),
-    "trainer.default_hdfs_dir": ((None,), "checkpoints stay in trainer.default_local_dir"),
+    "model.fsdp_config.cpu_offload": (OFF, "use model.fsdp_config.param_offload / optimizer_offload"),
+    "model.fsdp_config.offload_params": (OFF, "use model.fsdp_config.param_offload"),
+    "trainer.default_hdfs_dir": (NULL, "checkpoints stay in trainer.default_local_dir"),
     "trainer.checkpoint.save_contents": (ANY, "SFT checkpoints hold model, optimizer and extra state"),
     "trainer.checkpoint.load_contents": (ANY, "see trainer.checkpoint.save_contents"),
 }
@@ -201,30 +194,25 @@ def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict) -> list[s
 
 def unsupported_errors(cfg) -> list[str]:
     """verl keys accepted so its scripts run, for the value that means "off" only."""
-    errors = []
-    sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
-    if sp != 1:
-        errors.append(f"{ARR}.actor.ulysses_sequence_parallel_size={sp}: Ulysses sequence parallelism is not "
-                      "implemented; set it to 1 (long sequences: use_remove_padding, use_dynamic_bsz, or "
-                      "strategy=megatron with tensor parallelism)")
-    if cfg.actor_rollout_ref.rollout.mode != "sync":
-        errors.append(f"{ARR}.rollout.mode={cfg.actor_rollout_ref.rollout.mode!r}: only sync is implemented "
-                      "(whole batches through the engine); set it to sync")
-    if not cfg.actor_rollout_ref.hybrid_engine:
-        errors.append(f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker here "
-                      "(trainer.placement=separate moves the reference, critic and reward model); set it to true")
-    model = cfg.actor_rollout_ref.model
-    for key in ("use_liger", "use_fused_kernels"):
-        if getattr(model, key):
-            errors.append(f"{ARR}.model.{key}=true: these kernels are not used here (the models run "
-                          f"transformers' and megatron-core's own layers); set it to false")
-    if model.trust_remote_code:
-        errors.append(f"{ARR}.model.trust_remote_code=true: remote model code is never run (the engines "
-                      "support Llama/Qwen2-family models, which transformers ships); set it to false")
-    if cfg.trainer.default_hdfs_dir:
-        errors.append(f"trainer.default_hdfs_dir={cfg.trainer.default_hdfs_dir!r}: HDFS upload is not "
-                      "implemented; set it to null and copy trainer.default_local_dir yourself")
-    return errors
+    arr, hdfs = cfg.actor_rollout_ref, cfg.trainer.default_hdfs_dir
+    sp, mode, model = arr.actor.ulysses_sequence_parallel_size, arr.rollout.mode, arr.model
+    checks = [
+        (sp != 1, f"{ARR}.actor.ulysses_sequence_parallel_size={sp}: Ulysses sequence parallelism is not "
+                  f"implemented; set it to 1 ({LONG_SEQUENCES})"),
+        (mode != "sync", f"{ARR}.rollout.mode={mode!r}: only sync is implemented (whole batches through the "
+                         "engine); set it to sync"),
+        (not arr.hybrid_engine, f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker "
+                                "here (trainer.placement=separate moves the reference, critic and reward model); "
+                                "set it to true"),
+        *((getattr(model, k), f"{ARR}.model.{k}=true: these kernels are not used here (the models run "
+                              "transformers' and megatron-core's own layers); set it to false")
+          for k in ("use_liger", "use_fused_kernels")),
+        (model.trust_remote_code, f"{ARR}.model.trust_remote_code=true: {NO_REMOTE_CODE} (the engines support "
+                                  "Llama/Qwen2-family models, which transformers ships); set it to false"),
+        (hdfs, f"trainer.default_hdfs_dir={hdfs!r}: HDFS upload is not implemented; set it to null and copy "
+               "trainer.default_local_dir yourself"),
+    ]
+    return [message for failed, message in checks if failed]
 
 
 def convert_global_micro_batch_sizes(cfg, actor_dp: int, critic_dp: int, reward_dp: int) -> list[str]:
@@ -240,10 +228,9 @@ def convert_global_micro_batch_sizes(cfg, actor_dp: int, critic_dp: int, reward_
             (cfg.critic, "critic", "forward_micro_batch_size", critic_dp),
             (cfg.reward_model, "reward_model", "micro_batch_size", reward_dp)]
     for node, section, name, dp in rows:
-        total = getattr(node, name)
+        total, key = getattr(node, name), f"{section}.{name}"
         if total is None:
             continue
-        key = f"{section}.{name}"
         if dp and (total < dp or total % dp):
             errors.append(f"{key}={total} (verl's deprecated size over all {dp} data-parallel ranks) must be a "
                           f"positive multiple of {dp}: set {key}_per_gpu instead (sequences per rank) and "
