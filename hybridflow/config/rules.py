@@ -4,14 +4,13 @@ and the fix, as everywhere in ``validate``."""
 from __future__ import annotations
 
 import difflib
-import os
-import re
 from typing import Any
 
 from hybridflow.config.common import CHECKPOINT_CONTENTS
 from hybridflow.config.data import TRUNCATION_MODES  # noqa: F401 (sft.py's import until it reads choices)
 from hybridflow.config.keys import ARR
 from hybridflow.config.trainer import DEVICES  # noqa: F401 (as TRUNCATION_MODES)
+from hybridflow.host_checks import hub_id_hint  # noqa: F401 (sft.py's import until it imports hybridflow.host_checks)
 
 
 def unknown_name(key: str, value: Any, allowed) -> str:
@@ -35,16 +34,6 @@ def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | 
         return (f"{key}={size} must be -1 (shard over all {world} workers), 1 (replicate) or a divisor of "
                 f"{world}: use one of {[-1] + divisors}")
     return None
-
-
-def hub_id_hint(path: str, base_dir: str | None = None) -> str:
-    """For a missing model folder that was given as ``org/name`` (made absolute against the working
-    directory on load): models are read from local folders only, so say how to get one."""
-    relative = os.path.relpath(path, base_dir or os.getcwd())
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", relative):
-        return ""
-    return (f"; if '{relative}' is a Hugging Face Hub id, download it first (`hf download "
-            f"{relative} --local-dir <folder>`) and pass that folder")
 
 
 def lora_strategy_errors(section: str, rank: int, strategy_key: str, strategy: str) -> list[str]:

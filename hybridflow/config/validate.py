@@ -14,15 +14,14 @@ from hybridflow.config.derived import (
     reward_fn_runs_async, reward_pool_world,
 )
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.folders import writable_folder_error
 from hybridflow.config.keys import ARR
 from hybridflow.config.ranges import name_errors as declared_name_errors, range_errors
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
-    checkpoint_errors, fsdp_size_error, hub_id_hint, lora_strategy_errors,
-    overlong_buffer_errors, rollout_errors,
+    checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_errors,
 )
 from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
+from hybridflow.host_checks import device_errors, path_error, writable_folder_error
 from hybridflow.model_checks import (
     cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_file_errors,
     model_shape_errors, override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
@@ -68,7 +67,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
         # the sizes the run builds: an override of max_position_embeddings or head_dim counts
         built = overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config)
         errors += cpu_head_size_errors(cfg, built) + model_shape_errors(cfg, built)
-    errors += device_errors(cfg, available_slots)
+    errors += device_errors(cfg, available_slots, reward_pool_world(cfg))
     if errors:
         raise ConfigError("; ".join(errors))
     _warn_odd_settings(cfg)
@@ -114,6 +113,9 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     if cfg.reward_model.reward_manager == "batch" and not cfg.custom_reward_function.path:
         errors.append("reward_model.reward_manager=batch calls custom_reward_function with whole lists: "
                       "set custom_reward_function.path (the built-in scorers score one response at a time)")
+    if cfg.reward_model.enable_resource_pool and not cfg.reward_model.enable:
+        errors.append("reward_model.enable_resource_pool=true reserves a pool for a reward model, but "
+                      "reward_model.enable=false: set reward_model.enable=true, or enable_resource_pool=false")
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         errors.append("reward_model.enable=true needs reward_model.model.path (an HF "
                       "sequence-classification checkpoint)")
@@ -282,16 +284,11 @@ def token_budget_errors(cfg: RootConfig) -> list[str]:
 
 
 def path_errors(cfg: RootConfig) -> list[str]:
+    """Every file and folder the run reads or writes, against the disk."""
     arr, errors = cfg.actor_rollout_ref, []
 
     def need(key: str, path: str | None, kind: str) -> None:
-        if path is None:
-            return
-        ok = os.path.isdir(path) if kind == "dir" else os.path.isfile(path)
-        if not ok:
-            errors.append(f"{key}: {path} is not an existing {'directory' if kind == 'dir' else 'file'}"
-                          f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}"
-                          f"{hub_id_hint(path) if kind == 'dir' else ''}")
+        errors.append(None if path is None else path_error(key, path, kind))
 
     if not cfg.data.train_files:
         errors.append("data.train_files is empty: give at least one parquet/jsonl file")
@@ -322,43 +319,7 @@ def path_errors(cfg: RootConfig) -> list[str]:
         if problem:
             fix = "a writable folder" if key == "default_local_dir" else "a writable folder or null"
             errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use {fix}")
-    return errors
-
-
-def device_errors(cfg: RootConfig, available_slots: int | None) -> list[str]:
-    t, errors = cfg.trainer, []
-    d_world = t.nnodes * t.n_gpus_per_node
-    side = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
-    if cfg.reward_model.enable_resource_pool and not cfg.reward_model.enable:
-        errors.append("reward_model.enable_resource_pool=true reserves a pool for a reward model, but "
-                      "reward_model.enable=false: set reward_model.enable=true, or enable_resource_pool=false")
-    rm_pool = reward_pool_world(cfg)
-    aux = side + rm_pool  # the workers beyond the actor's pool
-    if available_slots is not None and d_world + aux > available_slots:
-        parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
-        if side:
-            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={side}"
-        if rm_pool:
-            parts += f" + reward_model.nnodes*reward_model.n_gpus_per_node={rm_pool}"
-        fix = "lower trainer.n_gpus_per_node or add devices"
-        from hybridflow.device import uses_gpu
-
-        if not uses_gpu(t.device):  # a CPU slot is trainer.cpus_per_worker cores
-            share = int(100 * available_slots * t.cpus_per_worker / (d_world + aux)) / 100
-            if share > 0:
-                fix += f", or share the cores: trainer.cpus_per_worker={share:g}"
-        errors.append(f"the run needs {d_world + aux} workers ({parts}) but only {available_slots} "
-                      f"slots are available: {fix}")
-    if t.device == "cuda":
-        from hybridflow.device import device_count
-
-        gpus = device_count()
-        if gpus == 0:
-            errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
-        elif t.nnodes == 1 and cfg.ray_init.address is None and d_world + aux > gpus:
-            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} (+ separate pools {aux}) "
-                          f"exceeds the {gpus} GPUs visible on this node: lower it")
-    return errors
+    return [e for e in errors if e]
 
 
 def _warn_odd_settings(cfg: RootConfig) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from hybridflow.config.folders import writable_folder_error
+from hybridflow.host_checks import writable_folder_error
 
 
 def test_a_folder_under_a_file_is_named_and_a_new_folder_is_made_and_left_empty(tmp_path):

@@ -1,0 +1,90 @@
+"""The run's paths and devices against the machine it starts on: a file or model folder that is not
+there, an output folder that takes no files, more workers than slots, no GPU. Checks of the world,
+not of the config's own consistency; ``hybridflow.config.validate`` calls them before Ray starts, so
+a bad path or a missing GPU fails in a second. Nothing here imports ``hybridflow.config`` (it is
+called from there: the import graph runs one way)."""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hybridflow.config.root import RootConfig
+
+
+def path_error(key: str, path: str, kind: str) -> str | None:
+    """Why ``path`` is not an existing ``kind`` ("file" or "dir"), as an error naming ``key``."""
+    if os.path.isdir(path) if kind == "dir" else os.path.isfile(path):
+        return None
+    return (f"{key}: {path} is not an existing {'directory' if kind == 'dir' else 'file'}"
+            f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}"
+            f"{hub_id_hint(path) if kind == 'dir' else ''}")
+
+
+def device_errors(cfg: RootConfig, available_slots: int | None, rm_pool: int) -> list[str]:
+    """More workers than the cluster's slots (or this node's GPUs), or trainer.device=cuda without a GPU.
+    ``rm_pool``: the reward model's own pool's workers."""
+    t, errors = cfg.trainer, []
+    d_world = t.nnodes * t.n_gpus_per_node
+    side = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
+    aux = side + rm_pool  # the workers beyond the actor's pool
+    if available_slots is not None and d_world + aux > available_slots:
+        parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
+        if side:
+            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={side}"
+        if rm_pool:
+            parts += f" + reward_model.nnodes*reward_model.n_gpus_per_node={rm_pool}"
+        fix = "lower trainer.n_gpus_per_node or add devices"
+        from hybridflow.device import uses_gpu
+
+        if not uses_gpu(t.device):  # a CPU slot is trainer.cpus_per_worker cores
+            share = int(100 * available_slots * t.cpus_per_worker / (d_world + aux)) / 100
+            if share > 0:
+                fix += f", or share the cores: trainer.cpus_per_worker={share:g}"
+        errors.append(f"the run needs {d_world + aux} workers ({parts}) but only {available_slots} "
+                      f"slots are available: {fix}")
+    if t.device == "cuda":
+        from hybridflow.device import device_count
+
+        gpus = device_count()
+        if gpus == 0:
+            errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
+        elif t.nnodes == 1 and cfg.ray_init.address is None and d_world + aux > gpus:
+            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} (+ separate pools {aux}) "
+                          f"exceeds the {gpus} GPUs visible on this node: lower it")
+    return errors
+
+
+def hub_id_hint(path: str, base_dir: str | None = None) -> str:
+    """For a missing model folder that was given as ``org/name`` (made absolute against the working
+    directory on load): models are read from local folders only, so say how to get one."""
+    relative = os.path.relpath(path, base_dir or os.getcwd())
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", relative):
+        return ""
+    return (f"; if '{relative}' is a Hugging Face Hub id, download it first (`hf download "
+            f"{relative} --local-dir <folder>`) and pass that folder")
+
+
+
+def writable_folder_error(folder: str, keep: bool = True) -> str | None:
+    """None when ``folder`` exists (it is created) and takes new files, else why not. Run before
+    Ray starts, so a bad folder fails in a second, not after the first step's work. ``keep=False``
+    removes again the folders the check created."""
+    created, parent = [], os.path.abspath(folder)
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        created.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()  # a nameless file: nothing is left behind
+    except OSError as err:
+        return err.strerror or str(err)
+    finally:
+        for path in created if not keep else ():  # deepest first; only the empty folders made here
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+    return None
