@@ -1,15 +1,16 @@
 """Every ``auto`` of a config, decided once, when it is loaded (``derive`` does it for a config built
 in code): ``param_dtype`` (bf16 where bf16 matmuls are native, else fp32), ``rollout.dtype`` (the
-actor's) and ``fsdp_size`` (auto_fsdp_size.py). Only ``auto`` values change, so resolving a resolved
-config changes nothing. An unused critic's ``auto`` stays unresolved, and unsaid; so the roles a
-run builds (``critic.enable`` null: whatever the estimator needs) are decided here too.
+actor's) and ``fsdp_size`` (``hybridflow/auto_fsdp_size.py``, which reads the machine and the
+checkpoints). Only ``auto`` values change, so resolving a resolved config changes nothing. An
+unused critic's ``auto`` stays unresolved, and unsaid; so the roles a run builds (``critic.enable``
+null: whatever the estimator needs) are decided here too.
 """
 from __future__ import annotations
 
 import functools
 import sys
 
-from hybridflow.config.auto_fsdp_size import Role, resolve as resolve_fsdp_sizes
+from hybridflow.auto_fsdp_size import Role, resolve as resolve_fsdp_sizes
 
 # rollout.dtype=auto: generate in the dtype the actor computes in, so vLLM's sampling log-probs and
 # the trainer's agree (an fp32 trainer next to a bf16 engine, e.g. from a checkpoint saved in bf16,
