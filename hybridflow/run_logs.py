@@ -32,6 +32,8 @@ LOG_DIR_ENV = "HYBRIDFLOW_LOG_DIR"  # set for the workers of a quiet run: where 
 SETUP_HOOK = f"{__name__}.redirect_worker_output"
 DRIVER_LOG = "driver.log"
 TASKS_LOG = "ray_tasks.log"
+# what Ray writes to a worker's stdout and stderr to tell its log monitor whose lines follow
+RAY_MARKER = re.compile(r"^:(job_id|actor_name|task_name):")
 
 # (logger name prefix, text in the message): warnings seen on every run that ask nothing of the
 # user. Each is about a choice hybridflow made on purpose, or a speed-up that does not apply here.
@@ -94,6 +96,36 @@ def worker_log_name(environ=os.environ) -> str:
     if not group or rank is None:
         return TASKS_LOG
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', group)}_rank{rank}.log"
+
+
+def last_output(folder: str, group: str, rank: int, lines: int = 30) -> tuple[str, str] | None:
+    """(path, text): the last ``lines`` lines that rank's latest process wrote to its file, without
+    Ray's markers; None when there is none. For the console, after a worker died."""
+    path = os.path.join(folder, worker_log_name({"HYBRIDFLOW_GROUP": group, "RANK": str(rank)}))
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (256 << 10)))  # a dying process's last words
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    _, header, latest = ("\n" + text).rpartition("\n==== ")  # each process starts with a header line
+    if header:
+        latest = latest.partition("\n")[2]
+    kept = [line for line in latest.splitlines() if line.strip() and not RAY_MARKER.match(line)]
+    return (path, "\n".join(kept[-lines:])) if kept else None
+
+
+
+def after_failure(run_dir: str, died: tuple[str, int] | None = None) -> list[str]:
+    """Console lines after a failed run's traceback: what the rank that died wrote last (a C++
+    abort, a fatal signal's stack: it reached the console through Ray before), and where every
+    worker's output is. None of it when verbose: it was all on the console."""
+    folder = log_dir(run_dir)
+    if verbose() or not os.path.isdir(folder):
+        return []
+    found = last_output(folder, *died) if died else None
+    lines = [f"the last lines of {found[0]}:\n{found[1]}"] if found else []
+    return lines + [f"the workers' own output (vLLM, Ray, stdout and stderr of each rank) is in {folder}"]
 
 
 def redirect_worker_output() -> None:

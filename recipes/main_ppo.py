@@ -18,6 +18,7 @@ from hybridflow.config.derived import prompts_per_generation_batch
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
+from hybridflow.run_logs import after_failure, quiet_driver
 from hybridflow.trainer.checkpoint import CheckpointError, CheckpointSaveError
 from hybridflow.trainer.finite import NonFiniteError
 from recipes.cli import cli_info, compose_config, split_cli_args
@@ -131,8 +132,6 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
     """Start Ray, build the worker groups, train, export; returns a summary dict. vLLM's, Ray's and
     the workers' own output goes to the run's log folder, the summary's ``logs`` (None when
     HYBRIDFLOW_VERBOSE keeps it on the console: hybridflow/run_logs.py)."""
-    from hybridflow.run_logs import quiet_driver
-
     inputs = inputs or read_inputs(cfg)  # before the log folder exists: a bad input leaves no trace
     with quiet_driver(cfg.trainer.default_local_dir) as logs:
         return {**_run(cfg, inputs), "logs": logs}
@@ -302,14 +301,6 @@ def memory_hint(cfg) -> str:
             "(README: Host memory)")
 
 
-def worker_logs(cfg) -> str | None:
-    """The run's log folder, if this run wrote one (hybridflow/run_logs.py)."""
-    from hybridflow.run_logs import log_dir, verbose
-
-    folder = log_dir(cfg.trainer.default_local_dir)
-    return folder if not verbose() and os.path.isdir(folder) else None
-
-
 def report_stop(cfg, err: BaseException) -> int:
     """Print why a started run stopped (one line for a broken reward function or a worker killed
     for lack of memory, the traceback of a dead or failing worker), then what it left to resume
@@ -329,9 +320,8 @@ def report_stop(cfg, err: BaseException) -> int:
               file=sys.stderr)
     else:
         traceback.print_exception(err)
-        logs = worker_logs(cfg)
-        if logs:  # a worker that died took its last words there
-            print(f"the workers' own output (vLLM, Ray, stdout and stderr of each rank) is in {logs}", file=sys.stderr)
+        for line in after_failure(cfg.trainer.default_local_dir, getattr(err, "died", None)):
+            print(line, file=sys.stderr)
     print(last_checkpoint_line(cfg), file=sys.stderr)
     # the shell's convention: 128 + the signal number
     return 130 if isinstance(err, KeyboardInterrupt) else 143 if isinstance(err, Terminated) else 1

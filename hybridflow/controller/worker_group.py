@@ -33,6 +33,10 @@ STARTUP_METHODS = frozenset({"init_model"})
 class WorkerGroupError(RuntimeError):
     """A rank of a worker group raised, died, or did not answer in time."""
 
+    # (the actors' group name, rank) when the rank's process died: its last output is in that
+    # rank's log file, where the run keeps one (hybridflow/run_logs.py)
+    died: tuple[str, int] | None = None
+
 
 class WorkerMemoryError(WorkerGroupError):
     """Ray's memory monitor killed a rank because the node ran out of host memory."""
@@ -242,7 +246,9 @@ class RayWorkerGroup:
                 except ray.exceptions.RayTaskError as e:
                     raise WorkerGroupError(f"{self.name}: rank {rank} raised in {method}:\n{e}") from None
                 except ray.exceptions.RayActorError as e:
-                    raise WorkerGroupError(f"{self.name}: rank {rank} died during {method} ({_first_line(e)})") from None
+                    died = WorkerGroupError(f"{self.name}: rank {rank} died during {method} ({_first_line(e)})")
+                    died.died = (self.name.split("/")[0], rank)  # a role's view is named "<group>/<role>"
+                    raise died from None
         return results
 
     def shutdown(self) -> None:

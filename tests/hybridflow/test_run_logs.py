@@ -126,3 +126,27 @@ def test_verbose_leaves_the_driver_alone(tmp_path, monkeypatch):
     with run_logs.quiet_driver(str(tmp_path / "run")) as folder:
         assert folder is None
     assert not (tmp_path / "run").exists()
+
+
+def test_after_a_worker_died_the_console_gets_its_last_lines_and_the_folder(tmp_path, monkeypatch):
+    for key, value in QUIET.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    assert run_logs.after_failure(str(run), ("main", 1)) == []  # no folder: the run wrote no logs
+    logs = run / "logs"
+    logs.mkdir(parents=True)
+    # an earlier process of the rank (a resumed run), then the one that died; Ray's markers between
+    (logs / "main_rank1.log").write_text(
+        "==== 2026-01-01 10:00:00 pid 1 ====\nold run\n"
+        "==== 2026-01-01 11:00:00 pid 2 ====\n:job_id:01000000\n:actor_name:Colocated\n"
+        + "".join(f"line {i}\n" for i in range(40)) + "Fatal Python error: Segmentation fault\n")
+    path, text = run_logs.last_output(str(logs), "main", 1, lines=3)
+    assert path == str(logs / "main_rank1.log") and text == "line 38\nline 39\nFatal Python error: Segmentation fault"
+    assert "old run" not in run_logs.last_output(str(logs), "main", 1, lines=100)[1]
+    assert run_logs.last_output(str(logs), "main", 0) is None  # no such file
+    lines = run_logs.after_failure(str(run), ("main", 1))
+    assert lines[0].startswith(f"the last lines of {logs / 'main_rank1.log'}:\n") and lines[0].endswith("Segmentation fault")
+    assert lines[1].endswith(f"is in {logs}")
+    assert run_logs.after_failure(str(run)) == [lines[1]]  # a rank that raised: its traceback is in the error
+    monkeypatch.setenv("HYBRIDFLOW_VERBOSE", "1")
+    assert run_logs.after_failure(str(run), ("main", 1)) == []  # it was all on the console

@@ -233,6 +233,33 @@ def test_a_worker_killed_for_memory_stops_in_one_line_naming_the_keys(tmp_path, 
     assert "data.micro_batch_size_per_gpu" in first and "actor_rollout_ref" not in first
 
 
+def test_a_worker_that_died_stops_with_its_last_lines_from_its_log_file(tmp_path, capsys, monkeypatch):
+    """In a quiet run a worker's stderr goes to its file (hybridflow/run_logs.py): after the
+    traceback the console gets what the dead rank wrote last, and where all the logs are."""
+    from hybridflow.config import load_config
+    from hybridflow.controller import WorkerGroupError
+    from recipes.cli import compose_config
+    from recipes.main_ppo import report_stop
+
+    monkeypatch.delenv("HYBRIDFLOW_VERBOSE", raising=False)
+    monkeypatch.delenv("VERL_LOGGING_LEVEL", raising=False)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "main_rank1.log").write_text("==== 2026-01-01 10:00:00 pid 7 ====\n:actor_name:x\n"
+                                                      "Fatal Python error: Segmentation fault\n")
+    err = WorkerGroupError("main/actor_rollout_ref: rank 1 died during update_actor (The actor died unexpectedly)")
+    err.died = ("main", 1)
+    cfg = load_config(compose_config("grpo", [f"trainer.default_local_dir={tmp_path}"]))
+    capsys.readouterr()  # what loading the config says
+    assert report_stop(cfg, err) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    at = lines.index(f"the last lines of {tmp_path / 'logs' / 'main_rank1.log'}:")
+    assert "rank 1 died during update_actor" in lines[at - 1]  # the error's traceback comes first
+    assert lines[at + 1:] == ["Fatal Python error: Segmentation fault",
+                              f"the workers' own output (vLLM, Ray, stdout and stderr of each rank) is in {tmp_path / 'logs'}",
+                              "the run stopped before its first checkpoint (trainer.save_freq=-1); nothing to resume "
+                              f"from in {tmp_path}"]
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_run_and_names_the_last_checkpoint(recipe_assets, tmp_path):
     """``scancel`` or a Slurm time limit sends SIGTERM: the driver stops the workers and says

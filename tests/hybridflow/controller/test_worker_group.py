@@ -257,9 +257,10 @@ def test_killed_worker_fails_fast_within_timeout(ray_cluster):
     time.sleep(1.0)
     os.kill(g.pids[1], 9)
     t0 = time.monotonic()
-    with pytest.raises(WorkerGroupError, match=r"victim: rank 1 died during sleep"):
+    with pytest.raises(WorkerGroupError, match=r"victim: rank 1 died during sleep") as err:
         g._wait(fut, "sleep")
     assert time.monotonic() - t0 < 15
+    assert err.value.died == ("victim", 1)  # names the rank's log file (hybridflow/run_logs.py)
     g.shutdown()
 
 
