@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.common import (
-    PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig,
-)
-from hybridflow.config.keys import (
-    GREATER_THAN_0, NON_NEGATIVE, OPEN_UNIT, OPTIONAL_GT_0, OPTIONAL_POSITIVE, POSITIVE, TOP_K, Range, Registry, key,
-)
+from hybridflow.config.common import (PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys,
+                                      MegatronConfig, OptimConfig)
+from hybridflow.config.keys import (GREATER_THAN_0, NON_NEGATIVE, OPEN_UNIT, OPTIONAL_GT_0, OPTIONAL_POSITIVE,
+                                    POSITIVE, TOP_K, Range, Registry, key)
 
 DEPRECATED_GLOBAL = "verl's deprecated size over all data-parallel ranks; set: replaces the _per_gpu key"
 
@@ -41,7 +39,7 @@ class PolicyLossChoice:
     loss_mode: str = key("vanilla", "vanilla (PPO's clipped surrogate; also ppo_clip) | gspo (sequence-level "
                                     "ratio; its policy-gradient term is averaged seq-mean-token-mean whatever "
                                     "loss_agg_mode says, as in verl)",
-                         choices=Registry("hybridflow.algorithms:POLICY_LOSSES", extensible=True))
+                         choices=Registry("POLICY_LOSSES", extensible=True))
 
 
 @dataclass
@@ -54,9 +52,8 @@ class ActorConfig:
                                        "(workers/engines/token_budget.py)")
     ppo_max_token_len_per_gpu: int = key(16384, "padded tokens per micro-batch with use_dynamic_bsz", POSITIVE)
     ppo_epochs: int = key(1, "passes over each step's batch", POSITIVE)
-    recompute_old_log_prob: str = key("auto", "auto: skip the old-log-prob forward when strictly on-policy "
-                                              "(one optimizer step per batch, no KL in the reward) | always",
-                                 choices=("auto", "always"))
+    recompute_old_log_prob: str = key("auto", "auto: skip the old-log-prob forward when strictly on-policy (one "
+                                      "optimizer step per batch, no KL in the reward)", choices=("auto", "always"))
     shuffle: bool = key(False, "reshuffle sequences between ppo_epochs")
     policy_loss: PolicyLossChoice = key(PolicyLossChoice(), "verl's policy_loss section: the surrogate minimised")
     clip_ratio: float = key(0.2, "PPO's clip range", GREATER_THAN_0)
@@ -68,12 +65,10 @@ class ActorConfig:
     entropy_coeff: float = key(0.0, "weight of the entropy bonus", NON_NEGATIVE)
     use_kl_loss: bool = key(False, "add the KL to the reference policy to the loss")
     kl_loss_coef: float = key(0.001, "weight of the KL loss", NON_NEGATIVE)
-    kl_loss_type: str = key("low_var_kl", "k1|kl, abs, k2|mse, k3|low_var_kl",
-                            choices=Registry("hybridflow.algorithms:KL_ESTIMATORS"))
+    kl_loss_type: str = key("low_var_kl", "k1|kl, abs, k2|mse, k3|low_var_kl", choices=Registry("KL_ESTIMATORS"))
     loss_agg_mode: str = key("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | "
                                            "seq-mean-token-sum-norm; with policy_loss.loss_mode=gspo it applies "
-                                           "to the entropy and KL terms only",
-                             choices=Registry("hybridflow.algorithms:LOSS_AGG_MODES"))
+                                           "to the entropy and KL terms only", choices=Registry("LOSS_AGG_MODES"))
     skip_zero_advantage: bool = key(True, "skip rows whose advantage is 0 everywhere when no entropy or KL term "
                                           "needs them: same step, less work")
     param_dtype: str = key("auto", "auto | fp32 | bf16 (fp32 masters); auto: bf16 where bf16 matmuls are native",
@@ -127,8 +122,7 @@ class RolloutConfig:
     enable_chunked_prefill: bool = key(True, "false: a prompt's prefill is never split (the budget must hold "
                                              "prompt + response)")
     enforce_eager: bool = key(True, "vLLM without CUDA graphs")
-    dtype: str = key("auto", "auto: the actor's resolved param_dtype | float32 | bfloat16 | float16",
-                     choices=("auto", "float32", "bfloat16", "float16"))
+    dtype: str = key("auto", "auto: the actor's param_dtype", choices=("auto", "float32", "bfloat16", "float16"))
     free_cache_engine: bool = key(True, "free vLLM's KV cache while training")
     log_prob_micro_batch_size_per_gpu: int = key(8, "rows per forward of the actor's old log-prob pass",
                                                  POSITIVE)

@@ -9,8 +9,7 @@ from hybridflow.config.keys import NON_NEGATIVE, UNIT, Registry, key
 
 @dataclass
 class KLCtrlConfig:
-    type: str = key("fixed", "fixed | adaptive (Ziegler et al. 2019 eq. 2)", choices=Registry(
-        "hybridflow.algorithms:KL_CONTROLLERS"))
+    type: str = key("fixed", "fixed | adaptive (Ziegler et al. 2019 eq. 2)", choices=Registry("KL_CONTROLLERS"))
     kl_coef: float = key(0.001, "the KL coefficient of the reward penalty", NON_NEGATIVE)
     target_kl: float = key(0.1, "adaptive only: the KL the coefficient steers to (> 0)")
     horizon: int = key(10000, "adaptive only: the controller's horizon in samples (a positive integer)")
@@ -21,20 +20,19 @@ class FilterGroupsConfig:
     enable: bool = key(False, "drop prompts whose samples' metric are all equal, generate more until "
                               "data.train_batch_size prompts remain")
     metric: str = key("seq_reward", "seq_reward | score | acc (the reward function's acc field)",
-                      choices=Registry("hybridflow.algorithms.dynamic_sampling:FILTER_METRICS"))
+                      choices=Registry("FILTER_METRICS", "hybridflow.algorithms.dynamic_sampling"))
     max_num_gen_batches: int = key(0, "generation batches per step at most; 0: no cap", NON_NEGATIVE)
 
 
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = key("gae", "gae | grpo | remax | rloo | reinforce_plus_plus",
-                             choices=Registry("hybridflow.algorithms:ADVANTAGE_ESTIMATORS", extensible=True))
+                             choices=Registry("ADVANTAGE_ESTIMATORS", extensible=True))
     gamma: float = key(1.0, "discount factor", UNIT)
     lam: float = key(1.0, "GAE's lambda", UNIT)
     norm_adv_by_std_in_grpo: bool = key(True, "grpo: divide advantages by the group's std")
     use_kl_in_reward: bool = key(False, "subtract the KL to the reference from the reward")
-    kl_penalty: str = key("kl", "the estimator of the reward's KL penalty",
-                          choices=Registry("hybridflow.algorithms:KL_ESTIMATORS"))
+    kl_penalty: str = key("kl", "the estimator of the reward's KL penalty", choices=Registry("KL_ESTIMATORS"))
     kl_ctrl: KLCtrlConfig = key(KLCtrlConfig(), "the reward penalty's KL coefficient")
     filter_groups: FilterGroupsConfig = key(FilterGroupsConfig(), "DAPO's dynamic sampling "
                                                                   "(hybridflow/algorithms/dynamic_sampling.py)")

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.keys import GREATER_THAN_0, NON_NEGATIVE, POSITIVE, UNIT, Range, key
 
-# the engines' names (workers/engines/config.py; tests check they stay equal)
-STRATEGIES = ("fsdp", "megatron")
+STRATEGIES = ("fsdp", "megatron")  # the engines' names (workers/engines/config.py; tests check they stay equal)
 PARAM_DTYPES = ("auto", "fp32", "bf16")  # auto: resolve.resolve_param_dtype
 LR_SCHEDULERS = ("constant", "cosine")
 
@@ -28,8 +27,7 @@ class OptimConfig:
                                        Range(lambda v: 0 <= v < 1, "in [0, 1)"))
     lr_scheduler: str = key("constant", "constant | cosine", choices=LR_SCHEDULERS)
     lr_scheduler_type: str | None = key(None, "verl's name for lr_scheduler; when set, it wins", choices=LR_SCHEDULERS)
-    warmup_style: str | None = key(None, "verl's older name for lr_scheduler; when set, it wins over both (as in "
-                                         "verl)", choices=LR_SCHEDULERS)
+    warmup_style: str | None = key(None, "verl's older name for lr_scheduler; wins over both", choices=LR_SCHEDULERS)
     min_lr_ratio: float = key(0.0, "the cosine schedule's floor, a fraction of lr", UNIT)
     clip_grad: float = key(1.0, "max global grad L2 norm; <= 0 disables clipping")
 

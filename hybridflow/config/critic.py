@@ -5,9 +5,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.actor_rollout_ref import DEPRECATED_GLOBAL
-from hybridflow.config.common import (
-    PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys, MegatronConfig, OptimConfig,
-)
+from hybridflow.config.common import (PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys,
+                                      MegatronConfig, OptimConfig)
 from hybridflow.config.keys import GREATER_THAN_0, OPTIONAL_POSITIVE, POSITIVE, Registry, key
 
 
@@ -42,8 +41,7 @@ class CriticConfig:
                                                     OPTIONAL_POSITIVE)
     ppo_epochs: int | None = key(None, "null: actor_rollout_ref.actor.ppo_epochs", OPTIONAL_POSITIVE)
     cliprange_value: float = key(0.5, "the value loss's clip range", GREATER_THAN_0)
-    loss_agg_mode: str = key("token-mean", "as actor_rollout_ref.actor.loss_agg_mode",
-                             choices=Registry("hybridflow.algorithms:LOSS_AGG_MODES"))
+    loss_agg_mode: str = key("token-mean", "as the actor's loss_agg_mode", choices=Registry("LOSS_AGG_MODES"))
     param_dtype: str = key("auto", "as the actor's: auto | fp32 | bf16", choices=PARAM_DTYPES)
     grad_clip: float | None = key(None, "verl's max grad norm key; null: optim.clip_grad")
     megatron: MegatronConfig = key(MegatronConfig(), "only with strategy=megatron")

@@ -36,14 +36,14 @@ NOT_EMPTY = Range(bool, "not empty")
 
 
 class Registry(NamedTuple):
-    """Allowed names kept by a registry outside config (``module:NAME``), imported only when a value
+    """Allowed names kept by a registry outside config (``module.NAME``), imported only when a value
     is checked, so ``import hybridflow.config`` stays torch-free."""
-    where: str
+    name: str
+    module: str = "hybridflow.algorithms"
     extensible: bool = False  # a module named by actor_rollout_ref.model.external_lib may register more
 
     def names(self) -> Collection:
-        module, name = self.where.split(":")
-        return getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(self.module), self.name)
 
 
 def key(default: Any, doc: str, check: Range | None = None, path: bool = False, composed: Any = None,

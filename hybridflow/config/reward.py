@@ -30,7 +30,7 @@ class RewardModelConfig:
     enable: bool = key(False, "score with a reward model worker")
     reward_manager: str = key("naive", "naive: custom_reward_function per response | batch: once per batch, with "
                                        "lists | dapo: naive + overlong_buffer (hybridflow/rewards/manager.py)",
-                              choices=Registry("hybridflow.rewards.manager:REWARD_MANAGERS"))
+                              choices=Registry("REWARD_MANAGERS", "hybridflow.rewards.manager"))
     overlong_buffer: OverlongBufferConfig = key(OverlongBufferConfig(), "reward_manager=dapo: DAPO's soft "
                                                                         "overlong punishment")
     model: RewardModelModelConfig = key(RewardModelModelConfig(), "the reward model")

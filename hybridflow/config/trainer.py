@@ -44,7 +44,7 @@ class TrainerConfig:
     validation_data_dir: str | None = key(None, "a folder: each validation's samples as <step>.jsonl", path=True)
     logger: list[str] = key(["console", "jsonl"], "console | jsonl | tensorboard | mlflow | wandb "
                                                   "(metrics.jsonl is always written)",
-                             choices=Registry("hybridflow.tracking.tracker:BACKENDS"))
+                             choices=Registry("BACKENDS", "hybridflow.tracking.tracker"))
     project_name: str = key("hybridflow", "the tracking project")
     experiment_name: str = key("demo", "the tracking run's name")
     call_timeout_s: float = key(600.0, "every worker call and collective of a step", GREATER_THAN_0)

@@ -198,14 +198,12 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
             errors.append(f"critic.megatron (tp={ctp}, pp={cpp}) differs from {ARR}.actor.megatron "
                           f"(tp={tp}, pp={pp}), but trainer.placement=colocate runs both in one process, "
                           "which holds one Megatron layout: use the same sizes, or trainer.placement=separate")
-    errors.append(fsdp_size_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config.fsdp_size, world))
-    errors.append(fsdp_size_error(f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config.fsdp_size, side_world))
-    errors.append(fsdp_size_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config.fsdp_size,
-                                   side_world))
-    errors.append(replicated_offload_error(f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config, world))
-    if needs_critic(cfg):
-        errors.append(replicated_offload_error("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config,
-                                               side_world))
+    for prefix, strategy, fsdp, size, trained in (  # a frozen reference has no gradients to offload
+            (f"{ARR}.actor", arr.actor.strategy, arr.actor.fsdp_config, world, True),
+            (f"{ARR}.ref", arr.actor.strategy, arr.ref.fsdp_config, side_world, False),
+            ("critic.model", cfg.critic.strategy, cfg.critic.model.fsdp_config, side_world, needs_critic(cfg))):
+        errors += [fsdp_size_error(prefix, strategy, fsdp.fsdp_size, size),
+                   trained and replicated_offload_error(prefix, strategy, fsdp, size)]
     return [e for e in errors if e]
 
 
@@ -245,19 +243,16 @@ def batch_errors(cfg: RootConfig) -> list[str]:
     """verl's rules: mini-batches tile the step's prompts, each mini-batch's sequences tile the
     data-parallel ranks, micro-batches tile each rank's share (so train_batch_size * n is also
     divisible by dp); a micro-batch size above a rank's share means one micro-batch."""
-    d = derive(cfg)
-    arr, train, n = cfg.actor_rollout_ref, cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
-    # with use_dynamic_bsz the token budget cuts micro-batches and the row count is not used
-    errors = _minibatch_errors("actor", arr.actor.ppo_mini_batch_size,
-                               f"{ARR}.actor.ppo_mini_batch_size",
-                               1 if arr.actor.use_dynamic_bsz else arr.actor.ppo_micro_batch_size_per_gpu,
-                               f"{ARR}.actor.ppo_micro_batch_size_per_gpu", train, n, d.actor_dp)
+    d, arr, c = derive(cfg), cfg.actor_rollout_ref, cfg.critic
+    roles = [("actor", f"{ARR}.actor", arr.actor, arr.actor.ppo_mini_batch_size, "", d.actor_dp)]
     if d.use_critic:
-        mini_key = ("critic.ppo_mini_batch_size" if cfg.critic.ppo_mini_batch_size
-                    else f"critic.ppo_mini_batch_size (= {ARR}.actor.ppo_mini_batch_size)")
-        errors += _minibatch_errors("critic", d.critic_mini_batch_size, mini_key,
-                                    1 if cfg.critic.use_dynamic_bsz else cfg.critic.ppo_micro_batch_size_per_gpu,
-                                    "critic.ppo_micro_batch_size_per_gpu", train, n, d.critic_dp)
+        default = "" if c.ppo_mini_batch_size else f" (= {ARR}.actor.ppo_mini_batch_size)"
+        roles.append(("critic", "critic", c, d.critic_mini_batch_size, default, d.critic_dp))
+    # with use_dynamic_bsz the token budget cuts micro-batches and the row count is not used
+    errors = [e for role, key, sec, mini, default, dp in roles for e in _minibatch_errors(
+        role, mini, f"{key}.ppo_mini_batch_size{default}", 1 if sec.use_dynamic_bsz
+        else sec.ppo_micro_batch_size_per_gpu, f"{key}.ppo_micro_batch_size_per_gpu", cfg.data.train_batch_size,
+        arr.rollout.n, dp)]
     return errors + token_budget_errors(cfg)
 
 
@@ -323,28 +318,28 @@ def path_errors(cfg: RootConfig) -> list[str]:
 
 
 def _warn_odd_settings(cfg: RootConfig) -> None:
-    a = cfg.actor_rollout_ref.actor
-    if a.use_kl_loss and cfg.algorithm.use_kl_in_reward:
-        logger.warning("both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are "
-                       "on: the KL to the reference is penalised twice (in the loss and the reward)")
-    if cfg.critic.enable and not estimator_needs_critic(cfg.algorithm.adv_estimator):
-        logger.warning("critic.enable=true with algorithm.adv_estimator=%s: the critic is trained but "
-                       "its values are not used", cfg.algorithm.adv_estimator)
-    if cfg.reward_model.enable and cfg.custom_reward_function.path:
-        logger.warning("custom_reward_function.path is not called: with reward_model.enable=true the reward "
-                       "model scores every sample, in training and validation")
-    if cfg.reward_model.launch_reward_fn_async and not reward_fn_runs_async(cfg):
-        logger.warning("reward_model.launch_reward_fn_async=true is ignored: a reward model, or "
-                       "algorithm.filter_groups, needs the scores before the next stage")
-    for key, model, strategy in ((f"{ARR}.model", cfg.actor_rollout_ref.model, a.strategy),
-                                 ("critic.model", cfg.critic.model, cfg.critic.strategy)):
-        if (strategy == "fsdp" and model.share_prompt_prefix and model.enable_gradient_checkpointing
-                and (key != "critic.model" or needs_critic(cfg))):
-            logger.warning("%s.enable_gradient_checkpointing=true turns off %s.share_prompt_prefix in the FSDP "
-                           "update (transformers' checkpointing runs without the shared prompt's cache): less "
-                           "memory, more compute", key, key)
+    """Legal settings that likely do not do what was meant: one warning each."""
+    a, alg, rm = cfg.actor_rollout_ref.actor, cfg.algorithm, cfg.reward_model
     low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
-    if a.policy_loss.loss_mode == "gspo" and max(low, high) > 0.01:
-        logger.warning("actor.policy_loss.loss_mode=gspo with clip_ratio_low/high %s/%s: the GSPO paper uses a clip "
-                       "range near 1e-3 (low 3e-4, high 4e-4), as --config-name gspo sets", low, high)
+    odd = [
+        (a.use_kl_loss and alg.use_kl_in_reward, "both actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_"
+         "reward are on: the KL to the reference is penalised twice (in the loss and the reward)"),
+        (cfg.critic.enable and not estimator_needs_critic(alg.adv_estimator), f"critic.enable=true with "
+         f"algorithm.adv_estimator={alg.adv_estimator}: the critic is trained but its values are not used"),
+        (rm.enable and cfg.custom_reward_function.path, "custom_reward_function.path is not called: with "
+         "reward_model.enable=true the reward model scores every sample, in training and validation"),
+        (rm.launch_reward_fn_async and not reward_fn_runs_async(cfg), "reward_model.launch_reward_fn_async=true is "
+         "ignored: a reward model, or algorithm.filter_groups, needs the scores before the next stage"),
+        (a.policy_loss.loss_mode == "gspo" and max(low, high) > 0.01, f"actor.policy_loss.loss_mode=gspo with "
+         f"clip_ratio_low/high {low}/{high}: the GSPO paper uses a clip range near 1e-3 (low 3e-4, high 4e-4), as "
+         "--config-name gspo sets"),
+    ]
+    for key, model, strategy, used in ((f"{ARR}.model", cfg.actor_rollout_ref.model, a.strategy, True),
+                                       ("critic.model", cfg.critic.model, cfg.critic.strategy, needs_critic(cfg))):
+        odd.append((used and strategy == "fsdp" and model.share_prompt_prefix and model.enable_gradient_checkpointing,
+                    f"{key}.enable_gradient_checkpointing=true turns off {key}.share_prompt_prefix in the FSDP update "
+                    "(transformers' checkpointing runs without the shared prompt's cache): less memory, more compute"))
+    for on, message in odd:
+        if on:
+            logger.warning(message)
