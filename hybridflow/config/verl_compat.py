@@ -244,6 +244,17 @@ def convert_global_micro_batch_sizes(cfg, actor_dp: int, critic_dp: int, reward_
     return errors
 
 
+def convert_sft_micro_batch_size(data, dp: int) -> str | None:
+    """The SFT recipe's deprecated ``data.micro_batch_size``: per rank, as verl's SFT trainer does."""
+    if data.micro_batch_size is None:
+        return None
+    if data.micro_batch_size % dp:
+        return (f"data.micro_batch_size={data.micro_batch_size} (verl's deprecated size over all {dp} data-parallel "
+                "workers) must be a multiple of that: set data.micro_batch_size_per_gpu instead and remove it")
+    data.micro_batch_size_per_gpu, data.micro_batch_size = data.micro_batch_size // dp, None
+    return None
+
+
 def fold_ray_kwargs(root) -> None:
     """verl moved ``ray_init`` under ``ray_kwargs``; accept both, one value per key."""
     new, old = root.ray_kwargs.ray_init, root.ray_init
