@@ -7,10 +7,7 @@ import difflib
 from typing import Any
 
 from hybridflow.config.common import CHECKPOINT_CONTENTS
-from hybridflow.config.data import TRUNCATION_MODES  # noqa: F401 (sft.py's import until it reads choices)
 from hybridflow.config.keys import ARR
-from hybridflow.config.trainer import DEVICES  # noqa: F401 (as TRUNCATION_MODES)
-from hybridflow.host_checks import hub_id_hint  # noqa: F401 (sft.py's import until it imports hybridflow.host_checks)
 
 
 def unknown_name(key: str, value: Any, allowed) -> str:
