@@ -1,8 +1,9 @@
 """A run's console shows hybridflow's own lines; vLLM, Ray and the workers write to ``<run>/logs/``.
 
-Left alone, every worker's stdout and stderr reach the driver through Ray: each engine start
-printed some forty vLLM INFO lines, performance hints that do not apply on CPU (four times per
-worker), torch's C++ warnings and progress bars, around the progress table. A quiet run instead:
+Left alone, every worker's stdout and stderr reach the driver through Ray: each worker printed
+some forty lines as its vLLM engine started (INFO lines, hints that do not apply on CPU, the same
+thread warning four times, torch's C++ warnings, progress bars) around the progress table. A
+quiet run instead:
 
 - each Ray worker process points its own file descriptors 1 and 2 at ``<run>/logs/<group>_rank<r>.log``
   (``ray_tasks.log`` for plain Ray tasks) as it starts (Ray's ``worker_process_setup_hook``), so
@@ -12,9 +13,11 @@ worker), torch's C++ warnings and progress bars, around the progress table. A qu
   errors a user must act on (not those in :data:`HARMLESS`) to the console through Ray;
 - in the driver, Ray's own INFO lines and harmless warnings go to ``<run>/logs/driver.log``.
 
-A failing worker still reaches the console whole: its traceback travels in the error that Ray
-raises in the driver, not through its stderr. ``HYBRIDFLOW_VERBOSE=1`` (or verl's
-``VERL_LOGGING_LEVEL=INFO`` / ``DEBUG``) keeps everything on the console, as before.
+A failing worker still reaches the console whole: a raising rank's traceback travels in the error
+that Ray raises in the driver, and after a rank died the stop report prints the last lines of
+its file (:func:`after_failure`). On a cluster each node writes its workers' files under the same
+absolute path. ``HYBRIDFLOW_VERBOSE=1`` (or verl's ``VERL_LOGGING_LEVEL=INFO`` / ``DEBUG``) keeps
+everything on the console, as before.
 Standard library only: Ray imports this module in every worker process before anything else.
 """
 from __future__ import annotations
