@@ -16,6 +16,9 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from hybridflow.config.derived import canonical_strategy
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import absolute_path, dotted_keys
@@ -44,9 +47,7 @@ def _closest_key(key: str, valid_keys: Sequence[str], cutoff: float = 0.6) -> st
         if key.startswith(candidate + "."):  # the section the key is in
             continue
         other = candidate.split(".")
-        shared = 0
-        while shared < min(len(parts), len(other)) - 1 and parts[shared] == other[shared]:
-            shared += 1
+        shared = len(os.path.commonprefix([parts[:-1], other[:-1]]))  # the sections both are in
         ratio = difflib.SequenceMatcher(None, ".".join(parts[shared:]), ".".join(other[shared:])).ratio()
         if ratio > best_ratio:
             best, best_ratio = candidate, ratio
@@ -54,12 +55,10 @@ def _closest_key(key: str, valid_keys: Sequence[str], cutoff: float = 0.6) -> st
 
 
 def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
-    """Convert a composed Hydra config (DictConfig or plain dict) to :class:`RootConfig`.
-
-    Interpolations are resolved; path fields are made absolute against ``base_dir`` (default:
-    the current directory) so workers with another working directory find them. Raises
-    :class:`ConfigError` listing every unknown key and wrong type.
-    """
+    """A composed Hydra config (DictConfig or plain dict) as :class:`RootConfig`, interpolations and
+    ``auto`` values resolved, paths made absolute against ``base_dir`` (default: the working
+    directory: workers with another one find them). :class:`ConfigError` lists every unknown key and
+    wrong type."""
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
     fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
@@ -74,10 +73,8 @@ def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:
     data = _plain(cfg)
     if not isinstance(data, Mapping):
         raise ConfigError(f"the config must be a mapping of sections, got {type(data).__name__}")
-    data = {k: v for k, v in data.items() if k not in IGNORED_TOP_LEVEL}
-    valid = dotted_keys(cls)
-    inert_errors = pop_inert_keys(data, valid, inert_keys(cls))
-    builder = _Builder(valid)
+    data, builder = {k: v for k, v in data.items() if k not in IGNORED_TOP_LEVEL}, _Builder(dotted_keys(cls))
+    inert_errors = pop_inert_keys(data, builder.valid_keys, inert_keys(cls))
     result = builder.build(cls, data, "")
     if builder.errors or inert_errors:
         raise ConfigError("; ".join(builder.errors + inert_errors))
@@ -91,26 +88,19 @@ def _absolutize_paths(node: Any, base_dir: str | None) -> None:
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value):
             _absolutize_paths(value, base_dir)
-        elif f.metadata.get("path") and isinstance(value, str):
-            setattr(node, f.name, absolute_path(value, base_dir))
-        elif f.metadata.get("path") and isinstance(value, list):
-            setattr(node, f.name, [absolute_path(v, base_dir) for v in value])
+        elif f.metadata.get("path") and isinstance(value, (str, list)):
+            setattr(node, f.name, absolute_path(value, base_dir) if isinstance(value, str)
+                    else [absolute_path(v, base_dir) for v in value])
 
 
 def _plain(cfg: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra, a dependency
+    if not isinstance(cfg, (DictConfig, ListConfig)):
         return cfg
-    if isinstance(cfg, (DictConfig, ListConfig)):
-        try:
-            return OmegaConf.to_container(cfg, resolve=True)
-        except OmegaConfBaseException as exc:
-            first = str(exc).strip().splitlines()[0]
-            key = getattr(exc, "full_key", None)
-            raise ConfigError(f"cannot resolve config key '{key}': {first}" if key else first) from exc
-    return cfg
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        first, key = str(exc).strip().splitlines()[0], getattr(exc, "full_key", None)
+        raise ConfigError(f"cannot resolve config key '{key}': {first}" if key else first) from exc
 
 
 def _describe(tp: Any) -> str:
@@ -127,13 +117,11 @@ def _describe(tp: Any) -> str:
 
 
 def _parses_as(tp: Any, text: str) -> bool:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return False
+    """A number or boolean written in quotes."""
     if tp is bool:
         return text.lower() in ("true", "false")
     try:
-        tp(text)
-        return tp in (int, float)
+        return tp in (int, float) and tp(text) is not None
     except ValueError:
         return False
 
@@ -150,15 +138,13 @@ class _Builder:
                                f"keys: {keys}), got {type(data).__name__} {data!r}: set one of its keys, "
                                f"e.g. {prefix}{dataclasses.fields(cls)[0].name}=...")
             return cls()
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints, names = typing.get_type_hints(cls), {f.name for f in dataclasses.fields(cls)}
         kwargs = {}
-        for key, value in data.items():
-            dotted = f"{prefix}{key}"
-            if key not in fields:
-                self.errors.append(unknown_key_message(dotted, self.valid_keys))
-                continue
-            kwargs[key] = self.convert(hints[key], value, dotted)
+        for k, value in data.items():  # in the config's order, so the messages are too
+            if k in names:
+                kwargs[k] = self.convert(hints[k], value, prefix + k)
+            else:
+                self.errors.append(unknown_key_message(prefix + k, self.valid_keys))
         return cls(**kwargs)
 
     def convert(self, tp: Any, value: Any, key: str) -> Any:
@@ -187,19 +173,12 @@ class _Builder:
             return [self.convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
         if origin is dict:
             return dict(value) if isinstance(value, Mapping) else self.fail(tp, value, key)
-        if tp is bool:
-            return value if isinstance(value, bool) else self.fail(tp, value, key)
-        if tp is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            return value if ok else self.fail(tp, value, key)
-        if tp is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            return float(value) if ok else self.fail(tp, value, key)
-        if tp is str:
-            # Hydra parses `experiment_name=123` as an int; a name may well be a number.
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return str(value)
-            return value if isinstance(value, str) else self.fail(tp, value, key)
+        if tp in _TYPE_WORDS:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)  # True is an int to Python
+            # str: Hydra parses `experiment_name=123` as an int; a name may well be a number
+            ok = {bool: isinstance(value, bool), int: number and isinstance(value, int), float: number,
+                  str: isinstance(value, str) or number}[tp]
+            return tp(value) if ok else self.fail(tp, value, key)
         raise TypeError(f"config field '{key}' has an unsupported type {tp!r}")  # a schema bug
 
     def fail(self, tp: Any, value: Any, key: str) -> Any:
