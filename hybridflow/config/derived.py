@@ -8,22 +8,22 @@ rank running ``ppo_micro_batch_size_per_gpu`` sequences per forward/backward.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from hybridflow.config.actor_rollout_ref import RolloutConfig
+from hybridflow.config.common import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES  # noqa: F401 (mirrors, below)
 from hybridflow.config.resolve import (  # noqa: F401 (estimator_needs_critic, say_once: importers of derived)
     estimator_needs_critic, needs_critic, needs_reference, resolve, say_once,
 )
 from hybridflow.config.root import RootConfig
 
-# Mirrors of names owned by workers/ (tests check they stay equal to the workers' tuples).
-STRATEGIES = ("fsdp", "megatron")
+# Names owned by workers/ that the config declares too (test_engine_bridge checks they stay equal to
+# the workers' tuples): the engines' STRATEGIES, PARAM_DTYPES, LR_SCHEDULERS (common.py) and the
+# rollouts' names, as rollout.name's field allows them
+ROLLOUT_NAMES = next(f for f in fields(RolloutConfig) if f.name == "name").metadata["choices"]
 # verl names its FSDP2 engine "fsdp2" and its FSDP1 engine "fsdp"; the FSDP engine here is FSDP2,
 # so both spellings select it
 STRATEGY_ALIASES = {"fsdp2": "fsdp"}
-PARAM_DTYPES = ("auto", "fp32", "bf16")  # auto: resolve.resolve_param_dtype
-LR_SCHEDULERS = ("constant", "cosine")
-ROLLOUT_NAMES = ("vllm", "hf")
-ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def canonical_strategy(name):
