@@ -96,56 +96,46 @@ def name_errors(cfg: RootConfig) -> list[str]:
 
 
 def algorithm_errors(cfg: RootConfig) -> list[str]:
+    """Keys that each make sense alone but not together (estimator, rewards, sampling, batches, pools)."""
     from hybridflow.algorithms import get_advantage_estimator
 
-    alg, r = cfg.algorithm, cfg.actor_rollout_ref.rollout
-    est = get_advantage_estimator(alg.adv_estimator)
-    errors = []
-    if est.needs_critic and cfg.critic.enable is False:
-        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} needs a critic's values: set "
-                      "critic.enable=true (or null: on when the estimator needs it)")
-    if est.needs_groups and r.n < 2:
-        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per "
-                      f"prompt: set {ARR}.rollout.n>=2 (it is {r.n})")
-    if est.needs_groups and r.temperature == 0:
-        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} with {ARR}.rollout.temperature=0 "
-                      "samples identical responses (all advantages 0): use a temperature > 0")
-    if cfg.reward_model.reward_manager == "batch" and not cfg.custom_reward_function.path:
-        errors.append("reward_model.reward_manager=batch calls custom_reward_function with whole lists: "
-                      "set custom_reward_function.path (the built-in scorers score one response at a time)")
-    if cfg.reward_model.enable_resource_pool and not cfg.reward_model.enable:
-        errors.append("reward_model.enable_resource_pool=true reserves a pool for a reward model, but "
-                      "reward_model.enable=false: set reward_model.enable=true, or enable_resource_pool=false")
-    if cfg.reward_model.enable and not cfg.reward_model.model.path:
-        errors.append("reward_model.enable=true needs reward_model.model.path (an HF "
-                      "sequence-classification checkpoint)")
-    val = r.val_kwargs
-    if not val.do_sample and val.n > 1:
-        errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one greedy "
-                      "response: set val_kwargs.n=1 or val_kwargs.do_sample=true")
-    if val.do_sample and val.n > 1 and val.temperature == 0:
-        errors.append(f"{ARR}.rollout.val_kwargs.n={val.n} with temperature=0 samples one greedy response "
-                      "n times (vLLM refuses it): set val_kwargs.temperature > 0, e.g. 1.0")
-    gen = cfg.data.gen_batch_size
-    if gen is not None and gen != cfg.data.train_batch_size and not alg.filter_groups.enable:
-        errors.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={cfg.data.train_batch_size}, "
-                      "which only algorithm.filter_groups.enable=true uses (it keeps train_batch_size prompts): "
-                      "set it to null")
-    if gen is not None and gen < cfg.data.train_batch_size and alg.filter_groups.enable:
-        errors.append(f"data.gen_batch_size={gen} must be >= data.train_batch_size={cfg.data.train_batch_size}")
-    if alg.filter_groups.enable and r.n < 2:
-        errors.append(f"algorithm.filter_groups.enable=true compares the samples of a prompt: set {ARR}.rollout.n>=2 "
-                      f"(it is {r.n})")
-    if cfg.trainer.val_only and not cfg.data.val_files:
-        errors.append("trainer.val_only=true needs data.val_files to validate on")
-    if cfg.trainer.critic_warmup > 1 and not needs_critic(cfg):  # 1: the actor trains from step 1
-        errors.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} warms up a critic, but "
-                      f"algorithm.adv_estimator={alg.adv_estimator} runs none: set it to 0 or use gae")
-    if cfg.trainer.placement == "separate" and not (
-            needs_critic(cfg) or needs_reference(cfg) or cfg.reward_model.enable):
-        errors.append("trainer.placement=separate but no critic, reference or reward model runs on "
-                      "the second pool: use trainer.placement=colocate")
-    return errors
+    alg, r, rm, t, data = cfg.algorithm, cfg.actor_rollout_ref.rollout, cfg.reward_model, cfg.trainer, cfg.data
+    est, val = get_advantage_estimator(alg.adv_estimator), r.val_kwargs
+    gen, train = data.gen_batch_size, data.train_batch_size
+    return [message for wrong, message in [
+        (est.needs_critic and cfg.critic.enable is False, f"algorithm.adv_estimator={alg.adv_estimator} needs a "
+         "critic's values: set critic.enable=true (or null: on when the estimator needs it)"),
+        (est.needs_groups and r.n < 2, f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per "
+         f"prompt: set {ARR}.rollout.n>=2 (it is {r.n})"),
+        (est.needs_groups and r.temperature == 0, f"algorithm.adv_estimator={alg.adv_estimator} with {ARR}.rollout."
+         "temperature=0 samples identical responses (all advantages 0): use a temperature > 0"),
+        (rm.reward_manager == "batch" and not cfg.custom_reward_function.path, "reward_model.reward_manager=batch "
+         "calls custom_reward_function with whole lists: set custom_reward_function.path (the built-in scorers score "
+         "one response at a time)"),
+        (rm.enable_resource_pool and not rm.enable, "reward_model.enable_resource_pool=true reserves a pool for a "
+         "reward model, but reward_model.enable=false: set reward_model.enable=true, or enable_resource_pool=false"),
+        (rm.enable and not rm.model.path, "reward_model.enable=true needs reward_model.model.path (an HF "
+         "sequence-classification checkpoint)"),
+        (not val.do_sample and val.n > 1, f"{ARR}.rollout.val_kwargs.n={val.n} with do_sample=false repeats one "
+         "greedy response: set val_kwargs.n=1 or val_kwargs.do_sample=true"),
+        (val.do_sample and val.n > 1 and val.temperature == 0, f"{ARR}.rollout.val_kwargs.n={val.n} with "
+         "temperature=0 samples one greedy response n times (vLLM refuses it): set val_kwargs.temperature > 0, "
+         "e.g. 1.0"),
+        (gen is not None and gen != train and not alg.filter_groups.enable, f"data.gen_batch_size={gen} differs from "
+         f"data.train_batch_size={train}, which only algorithm.filter_groups.enable=true uses (it keeps "
+         "train_batch_size prompts): set it to null"),
+        (gen is not None and gen < train and alg.filter_groups.enable,
+         f"data.gen_batch_size={gen} must be >= data.train_batch_size={train}"),
+        (alg.filter_groups.enable and r.n < 2, "algorithm.filter_groups.enable=true compares the samples of a prompt: "
+         f"set {ARR}.rollout.n>=2 (it is {r.n})"),
+        (t.val_only and not data.val_files, "trainer.val_only=true needs data.val_files to validate on"),
+        (t.critic_warmup > 1 and not needs_critic(cfg),  # 1: the actor trains from step 1
+         f"trainer.critic_warmup={t.critic_warmup} warms up a critic, but algorithm.adv_estimator={alg.adv_estimator} "
+         "runs none: set it to 0 or use gae"),
+        (t.placement == "separate" and not (needs_critic(cfg) or needs_reference(cfg) or rm.enable),
+         "trainer.placement=separate but no critic, reference or reward model runs on the second pool: use "
+         "trainer.placement=colocate"),
+    ] if wrong]
 
 
 def _sizes_error(key: str, world: int, what: str, size: int) -> str | None:
