@@ -7,10 +7,9 @@ A key both recipes read alike takes the RL recipe's declaration (:func:`_rl`).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar
 
 from hybridflow.config.actor_rollout_ref import ActorConfig, ModelConfig
@@ -32,12 +31,10 @@ from hybridflow.model_checks import check_divides, read_model_config
 from hybridflow.model_files import model_folder_errors
 
 
-def _rl(cls: type, name: str, default: Any = dataclasses.MISSING, doc: str | None = None) -> Any:
-    """The RL recipe's declaration of ``cls.name`` (doc, range, names, path), with the SFT
-    recipe's own default or doc where given."""
+def _rl(cls: type, name: str, default: Any = MISSING, doc: str | None = None) -> Any:
+    """The RL recipe's declaration of ``cls.name`` (doc, range, names, path); the SFT default or doc where given."""
     f = cls.__dataclass_fields__[name]
-    if default is dataclasses.MISSING:
-        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+    default = (f.default if f.default_factory is MISSING else f.default_factory()) if default is MISSING else default
     return key(default, **{**f.metadata, "doc": doc or f.metadata["doc"]})
 
 
