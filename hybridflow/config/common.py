@@ -33,12 +33,8 @@ class OptimConfig:
 
     @property
     def schedule(self) -> str:
-        return getattr(self, self.schedule_key)
-
-    @property
-    def schedule_key(self) -> str:
-        """The key the schedule was read from, for error messages."""
-        return next((k for k in ("warmup_style", "lr_scheduler_type") if getattr(self, k)), "lr_scheduler")
+        """The schedule in force: verl's older warmup_style wins, then lr_scheduler_type (as in verl)."""
+        return self.warmup_style or self.lr_scheduler_type or self.lr_scheduler
 
 
 @dataclass

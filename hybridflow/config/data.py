@@ -6,8 +6,6 @@ from typing import Any
 
 from hybridflow.config.keys import MAX_SAMPLES, OPTIONAL_POSITIVE, POSITIVE, Range, key
 
-TRUNCATION_MODES = ("error", "left", "right")
-
 
 @dataclass
 class DataConfig:
@@ -25,7 +23,7 @@ class DataConfig:
     train_max_samples: int = key(-1, "the first N prompts (after length filtering); -1: all", MAX_SAMPLES)
     val_max_samples: int = key(-1, "as train_max_samples, for val_files", MAX_SAMPLES)
     filter_overlong_prompts: bool = key(True, "drop prompts longer than max_prompt_length")
-    truncation: str = key("error", "error | left | right (when not filtering)", choices=TRUNCATION_MODES)
+    truncation: str = key("error", "error | left | right (when not filtering)", choices=("error", "left", "right"))
     apply_chat_template: bool | None = key(None, "null: chat-message prompts when the tokenizer has a template; "
                                                  "true: plain-string prompts too")
     apply_chat_template_kwargs: dict[str, Any] = key({}, "the template's variables, e.g. "

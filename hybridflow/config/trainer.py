@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from hybridflow.config.keys import FREQ, GREATER_THAN_0, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, Registry, key
 
 RUN_DIR = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
 class TrainerConfig:
-    device: str = key("auto", "auto | cpu | cuda", choices=DEVICES)
+    device: str = key("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
     nnodes: int = key(1, "nodes", POSITIVE)
     n_gpus_per_node: int = key(1, "GPUs per node; on CPU: worker slots per node", POSITIVE)
     total_epochs: int = key(1, "passes over the training prompts", POSITIVE)
