@@ -3,10 +3,10 @@ imports ``workers``) and build everything a run needs before the loop starts."""
 from __future__ import annotations
 
 from hybridflow.algorithms.objectives import ActorObjective
+from hybridflow.config import read_model_config
 from hybridflow.config.derived import critic_external_lib, reward_model_external_lib
 from hybridflow.config.resolve import critic_model_path
 from hybridflow.controller import RayClassWithInitArgs
-from hybridflow.model_checks import read_model_config
 from recipes.engine_settings import (
     actor_engine_kwargs, critic_engine_kwargs, ref_engine_kwargs, rollout_engine_kwargs,
 )
