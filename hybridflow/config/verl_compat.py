@@ -18,11 +18,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.keys import absolute_path
+from hybridflow.config.keys import ARR, absolute_path
 
 logger = logging.getLogger(__name__)
 
-ARR = "actor_rollout_ref"
 RESUME_MODES = ("auto", "disable")
 
 # accepted values; ANY: every value
@@ -164,9 +163,7 @@ def is_inert(key: str, keys: dict) -> bool:
 
 
 def _word(value: Any) -> str:
-    if value is None:
-        return "null"
-    return str(value).lower() if isinstance(value, bool) else repr(value)
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict) -> list[str]:
