@@ -15,6 +15,8 @@ from hybridflow.config.keys import (GREATER_THAN_0, NON_NEGATIVE, OPEN_UNIT, OPT
                                     POSITIVE, TOP_K, Range, Registry, key)
 
 DEPRECATED_GLOBAL = "verl's deprecated size over all data-parallel ranks; set: replaces the _per_gpu key"
+ROLLOUT_NAMES = ("vllm", "hf")  # workers/rollout/base.py's (a test checks they stay equal)
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the actor's param_dtype
 
 
 @dataclass
@@ -104,7 +106,7 @@ class RolloutConfig:
     """Generation settings. Not ``workers.rollout.base.RolloutConfig`` (the engine's own
     dataclass): ``hybridflow.config.rollout_engine_kwargs`` builds that one's arguments."""
 
-    name: str = key("vllm", "vllm | hf", choices=("vllm", "hf"))
+    name: str = key("vllm", "vllm | hf", choices=ROLLOUT_NAMES)
     mode: str = key("sync", "only sync: whole batches through the engine (no async agent loop)")
     n: int = key(1, "responses sampled per prompt", POSITIVE)
     temperature: float = key(1.0, "sampling temperature", NON_NEGATIVE)
@@ -114,22 +116,19 @@ class RolloutConfig:
     gpu_memory_utilization: float = key(0.5, "GPU only: the share of GPU memory vLLM may use", OPEN_UNIT)
     kv_cache_gib: float = key(1.0, "CPU only: vLLM's KV cache in GiB (wins over VLLM_CPU_KVCACHE_SPACE)",
                               GREATER_THAN_0)
-    cpu_live_weights: bool = key(True, "CPU only: syncs skip vLLM's kernel rebuild; false saves one weight copy "
-                                       "of RAM")
+    cpu_live_weights: bool = key(True, "CPU only: syncs skip vLLM's kernel rebuild; false saves one weight copy of RAM")
     max_num_seqs: int = key(256, "vLLM's sequences per engine step", POSITIVE)
     max_num_batched_tokens: int | None = key(None, "vLLM's tokens per engine step; null: vLLM's default",
                                              OPTIONAL_POSITIVE)
     enable_chunked_prefill: bool = key(True, "false: a prompt's prefill is never split (the budget must hold "
                                              "prompt + response)")
     enforce_eager: bool = key(True, "vLLM without CUDA graphs")
-    dtype: str = key("auto", "auto: the actor's param_dtype", choices=("auto", "float32", "bfloat16", "float16"))
+    dtype: str = key("auto", "auto: the actor's param_dtype | float32 | bfloat16 | float16", choices=ROLLOUT_DTYPES)
     free_cache_engine: bool = key(True, "free vLLM's KV cache while training")
-    log_prob_micro_batch_size_per_gpu: int = key(8, "rows per forward of the actor's old log-prob pass",
-                                                 POSITIVE)
+    log_prob_micro_batch_size_per_gpu: int = key(8, "rows per forward of the actor's old log-prob pass", POSITIVE)
     log_prob_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
     log_prob_use_dynamic_bsz: bool | None = key(None, "null: actor.use_dynamic_bsz")
-    log_prob_max_token_len_per_gpu: int | None = key(None, "null: actor.ppo_max_token_len_per_gpu",
-                                                     OPTIONAL_POSITIVE)
+    log_prob_max_token_len_per_gpu: int | None = key(None, "null: actor.ppo_max_token_len_per_gpu", OPTIONAL_POSITIVE)
     update_weights_bucket_megabytes: int = key(64, "weight sync: HF tensors alive at once per worker", POSITIVE)
     do_sample: bool = key(True, "false: greedy training rollouts (temperature 0; n must be 1)")
     ignore_eos: bool = key(False, "true: every response runs to data.max_response_length")
@@ -155,8 +154,7 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = key(8, "rows per forward of the reference pass", POSITIVE)
     log_prob_micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
     log_prob_use_dynamic_bsz: bool | None = key(None, "null: actor.use_dynamic_bsz")
-    log_prob_max_token_len_per_gpu: int | None = key(None, "null: actor.ppo_max_token_len_per_gpu",
-                                                     OPTIONAL_POSITIVE)
+    log_prob_max_token_len_per_gpu: int | None = key(None, "null: actor.ppo_max_token_len_per_gpu", OPTIONAL_POSITIVE)
     fsdp_config: FSDPConfig = key(FSDPConfig(), "with actor.strategy=fsdp")
     megatron: RefMegatronConfig = key(RefMegatronConfig(), "with actor.strategy=megatron (the actor's sizes)")
 

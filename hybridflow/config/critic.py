@@ -28,8 +28,7 @@ class CriticConfig:
     strategy: str = key("fsdp", "fsdp | megatron", choices=STRATEGIES)
     model: CriticModelConfig = key(CriticModelConfig(), "the value model")
     optim: OptimConfig = key(OptimConfig(lr=1e-5), "the critic's optimizer")
-    ppo_mini_batch_size: int | None = key(None, "null: actor_rollout_ref.actor.ppo_mini_batch_size",
-                                          OPTIONAL_POSITIVE)
+    ppo_mini_batch_size: int | None = key(None, "null: actor_rollout_ref.actor.ppo_mini_batch_size", OPTIONAL_POSITIVE)
     ppo_micro_batch_size_per_gpu: int = key(4, "sequences per forward/backward on one worker", POSITIVE)
     forward_micro_batch_size_per_gpu: int | None = key(None, "the values pass; null: ppo_micro_batch_size_per_gpu",
                                                        OPTIONAL_POSITIVE)
