@@ -32,17 +32,10 @@ IGNORED_TOP_LEVEL = ("hydra",)
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
 
 
-def unknown_key_message(key: str, valid_keys: Sequence[str]) -> str:
-    close = _closest_key(key, valid_keys)
-    hint = f" (did you mean '{close}'?)" if close else ""
-    return f"unknown config key '{key}'{hint}"
-
-
-def _closest_key(key: str, valid_keys: Sequence[str], cutoff: float = 0.6) -> str | None:
-    """The valid key most like ``key``, compared on what follows the sections they share: whole
+def unknown_key_message(key: str, valid_keys: Sequence[str], cutoff: float = 0.6) -> str:
+    """Names the valid key most like ``key``, compared on what follows the sections they share: whole
     dotted keys would match on a shared prefix alone (``data.tokenizer`` looked like ``data.seed``)."""
-    parts = key.split(".")
-    best, best_ratio = None, cutoff
+    parts, best, best_ratio = key.split("."), None, cutoff
     for candidate in valid_keys:
         if key.startswith(candidate + "."):  # the section the key is in
             continue
@@ -51,7 +44,7 @@ def _closest_key(key: str, valid_keys: Sequence[str], cutoff: float = 0.6) -> st
         ratio = difflib.SequenceMatcher(None, ".".join(parts[shared:]), ".".join(other[shared:])).ratio()
         if ratio > best_ratio:
             best, best_ratio = candidate, ratio
-    return best
+    return f"unknown config key '{key}'" + (f" (did you mean '{best}'?)" if best else "")
 
 
 def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
