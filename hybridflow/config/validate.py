@@ -84,8 +84,7 @@ def name_errors(cfg: RootConfig) -> list[str]:
     from hybridflow.tracking.tracker import backend_import_errors
 
     a, t = cfg.actor_rollout_ref.actor, cfg.trainer
-    errors = declared_name_errors(cfg)
-    errors += backend_import_errors(t.logger)
+    errors = declared_name_errors(cfg) + backend_import_errors(t.logger)
     if len(set(t.logger)) != len(t.logger):
         errors.append(f"trainer.logger={t.logger} lists a logger twice: list each once")
     ref_strategy = cfg.actor_rollout_ref.ref.strategy
