@@ -104,7 +104,7 @@ class RolloutEngineKwargs:
 @dataclass
 class RolloutConfig:
     """Generation settings. Not ``workers.rollout.base.RolloutConfig`` (the engine's own
-    dataclass): ``hybridflow.config.rollout_engine_kwargs`` builds that one's arguments."""
+    dataclass): ``recipes/engine_settings.rollout_engine_kwargs`` builds that one's arguments."""
 
     name: str = key("vllm", "vllm | hf", choices=ROLLOUT_NAMES)
     mode: str = key("sync", "only sync: whole batches through the engine (no async agent loop)")

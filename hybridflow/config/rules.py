@@ -19,7 +19,7 @@ def unknown_name(key: str, value: Any, allowed) -> str:
 
 def fsdp_size_error(prefix: str, strategy: str, size: int, world: int) -> str | None:
     key = f"{prefix}.fsdp_config.fsdp_size"
-    if size in (-1, "auto"):  # auto: resolved by load_config (config/auto_fsdp_size.py)
+    if size in (-1, "auto"):  # auto: resolved by load_config (hybridflow/auto_fsdp_size.py)
         return None
     if isinstance(size, str):
         return (f"{key}={size!r} is not a size: use auto, -1 (shard over all workers), 1 (replicate) or a "
