@@ -11,7 +11,7 @@ A row is verl's ``_dump_generations`` record: ``input`` (prompt text), ``output`
 ``gts`` (ground truth), ``score``, ``step``, plus ``data_source`` and the extra fields the reward
 function returned for that sample (e.g. ``acc``). The files are a side output: a write that fails
 logs a warning and training goes on; the folders are checked writable before Ray starts
-(``hybridflow/config/folders.py``, called from hybridflow/config/validate.py).
+(``hybridflow/host_checks.py``, called from hybridflow/config/validate.py).
 """
 from __future__ import annotations
 

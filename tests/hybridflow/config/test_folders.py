@@ -1,4 +1,4 @@
-"""hybridflow/config/folders.py: the output-folder check run before Ray starts."""
+"""hybridflow/host_checks.py (writable_folder_error): the output-folder check run before Ray starts."""
 from __future__ import annotations
 
 import os
