@@ -1,4 +1,5 @@
-"""docs/recipes.md's promise for bad input (checks before start-up), through both entry points (issue 30): every broken data file
+"""docs/recipes.md's promise for bad input (checks before start-up), through both entry points
+(issue 30): every broken data file
 or model folder, and a non-finite number in the config, ends before Ray starts with exit 2 and one
 line naming the file or key and the fix. Before, these ended in tracebacks (exit 1), passed and
 failed in a worker a minute later (a truncated model.safetensors), or were reported as something
