@@ -86,9 +86,7 @@ class ActorConfig:
 
 @dataclass
 class ValKwargsConfig:
-    """Sampling for validation; ``do_sample=False`` is greedy (then ``n`` must be 1)."""
-
-    do_sample: bool = key(False, "false: greedy validation")
+    do_sample: bool = key(False, "false: greedy validation (n must be 1)")
     temperature: float = key(0.0, "sampling temperature", NON_NEGATIVE)
     top_p: float = key(1.0, "nucleus sampling mass", OPEN_UNIT)
     top_k: int = key(-1, "-1: off", TOP_K)
@@ -102,10 +100,7 @@ class RolloutEngineKwargs:
 
 
 @dataclass
-class RolloutConfig:
-    """Generation settings. Not ``workers.rollout.base.RolloutConfig`` (the engine's own
-    dataclass): ``recipes/engine_settings.rollout_engine_kwargs`` builds that one's arguments."""
-
+class RolloutConfig:  # not workers.rollout.base.RolloutConfig, built by recipes/engine_settings.py
     name: str = key("vllm", "vllm | hf", choices=ROLLOUT_NAMES)
     mode: str = key("sync", "only sync: whole batches through the engine (no async agent loop)")
     n: int = key(1, "responses sampled per prompt", POSITIVE)

@@ -1,5 +1,4 @@
-"""``algorithm``: advantage estimator and KL-in-reward settings (verl's key names). Names are
-checked against the registries in ``hybridflow.algorithms`` by ``validate``."""
+"""``algorithm``: advantage estimator and KL-in-reward settings (verl's key names)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

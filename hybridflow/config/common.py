@@ -14,9 +14,7 @@ BETAS = Range(lambda b: len(b) == 2 and all(0 <= x < 1 for x in b), "two numbers
 
 
 @dataclass
-class OptimConfig:
-    """AdamW and its learning-rate schedule."""
-
+class OptimConfig:  # AdamW and its learning-rate schedule
     lr: float = key(1e-6, "learning rate", GREATER_THAN_0)
     weight_decay: float = key(0.01, "AdamW's decoupled weight decay", NON_NEGATIVE)
     betas: list[float] = key([0.9, 0.999], "AdamW's betas", BETAS)
@@ -38,9 +36,7 @@ class OptimConfig:
 
 
 @dataclass
-class LoraKeys:
-    """verl's LoRA keys of a model section (strategy=fsdp; workers/engines/lora.py)."""
-
+class LoraKeys:  # verl's LoRA keys of a model section (workers/engines/lora.py)
     lora_rank: int = key(0, "> 0 (strategy=fsdp): freeze the model, train rank-r LoRA adapters", NON_NEGATIVE)
     lora_alpha: float = key(16.0, "the adapters' output is scaled by lora_alpha / lora_rank", GREATER_THAN_0)
     target_modules: list[str] = key(["all-linear"], "all-linear (every linear layer of the decoder layers) | "
@@ -54,17 +50,13 @@ CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 @dataclass
 class CheckpointContents:
-    """verl's ``checkpoint`` section of the actor and the critic."""
-
     save_contents: list[str] = key(["model", "optimizer", "extra"], "always these three (exact resume); "
                                    "+ hf_model: an HF checkpoint in <role>/huggingface/ at every save")
     load_contents: list[str] | None = key(None, "null: save_contents")
 
 
 @dataclass
-class FSDPConfig:
-    """Only read with strategy=fsdp (workers/engines/fsdp_layout.py, offload.py)."""
-
+class FSDPConfig:  # read by workers/engines/fsdp_layout.py and offload.py
     fsdp_size: int | str = key("auto", "ranks sharing one copy: -1 all (FSDP) | 1 replicate (DDP) | k (HSDP) | "
                                        "auto: 1 on CPU if it fits, else -1")
     forward_prefetch: bool = key(True, "sharded, CPU: gather each layer's parameters one layer ahead "
@@ -77,9 +69,7 @@ class FSDPConfig:
 
 @dataclass
 class MegatronConfig:
-    """Only read with strategy=megatron; fsdp requires the sizes to stay 1."""
-
-    tensor_model_parallel_size: int = key(1, "tensor-parallel size", POSITIVE)
-    pipeline_model_parallel_size: int = key(1, "pipeline-parallel size", POSITIVE)
+    tensor_model_parallel_size: int = key(1, "tensor-parallel size (strategy=fsdp: only 1)", POSITIVE)
+    pipeline_model_parallel_size: int = key(1, "pipeline-parallel size (strategy=fsdp: only 1)", POSITIVE)
     param_offload: bool = key(False, "GPU: parameters rest in host memory between engine calls")
     optimizer_offload: bool = key(False, "GPU: optimizer state (with fp32 master weights) rests in host memory")

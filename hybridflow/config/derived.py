@@ -1,26 +1,19 @@
-"""Numbers the trainer derives from a config: parallel sizes, per-step batch counts, run length,
-and the predicates on which roles a run builds (the engines' settings are built from these in
-``recipes/engine_settings.py``).
-
-Batch arithmetic is verl's: ``ppo_mini_batch_size`` counts prompts, so one mini-batch holds
-``ppo_mini_batch_size * rollout.n`` sequences, split evenly over the data-parallel ranks, each
-rank running ``ppo_micro_batch_size_per_gpu`` sequences per forward/backward.
+"""Numbers the trainer derives from a config: parallel sizes, per-step batch counts (verl's
+arithmetic: actor_rollout_ref.py's docstring), run length, and the predicates on which roles a
+run builds (the engines' settings are built from these in ``recipes/engine_settings.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from hybridflow.config.actor_rollout_ref import RolloutConfig
-from hybridflow.config.common import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES  # noqa: F401 (mirrors, below)
-from hybridflow.config.resolve import (  # noqa: F401 (estimator_needs_critic, say_once: importers of derived)
-    estimator_needs_critic, needs_critic, needs_reference, resolve, say_once,
+# Names owned by workers/ that the config declares too: test_engine_bridge checks they stay equal
+from hybridflow.config.actor_rollout_ref import ROLLOUT_NAMES  # noqa: F401
+from hybridflow.config.common import LR_SCHEDULERS, PARAM_DTYPES, STRATEGIES  # noqa: F401
+from hybridflow.config.resolve import (  # noqa: F401 (estimator_needs_critic: validate imports it from here)
+    estimator_needs_critic, needs_critic, needs_reference, resolve,
 )
 from hybridflow.config.root import RootConfig
 
-# Names owned by workers/ that the config declares too (test_engine_bridge checks they stay equal to
-# the workers' tuples): the engines' STRATEGIES, PARAM_DTYPES, LR_SCHEDULERS (common.py) and the
-# rollouts' names, as rollout.name's field allows them
-ROLLOUT_NAMES = next(f for f in fields(RolloutConfig) if f.name == "name").metadata["choices"]
 # verl names its FSDP2 engine "fsdp2" and its FSDP1 engine "fsdp"; the FSDP engine here is FSDP2,
 # so both spellings select it
 STRATEGY_ALIASES = {"fsdp2": "fsdp"}
@@ -71,8 +64,6 @@ def model_parallel(strategy: str, megatron) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Derived:
     actor_world: int  # workers in the actor/rollout pool (= nnodes * n_gpus_per_node)
-    actor_tp: int
-    actor_pp: int
     actor_dp: int  # actor_world // (tp * pp)
     rollout_dp: int  # actor_world // rollout tp: generation engines
     critic_world: int  # workers hosting the critic (0 without one)
@@ -81,7 +72,6 @@ class Derived:
     total_workers: int  # Ray worker processes the run starts
     use_critic: bool
     use_reference: bool
-    use_reward_model: bool
     sequences_per_step: int  # train_batch_size * rollout.n
     actor_mini_batches_per_epoch: int  # optimizer steps per ppo epoch
     actor_micro_batches_per_mini: int  # gradient-accumulation steps per rank
@@ -99,13 +89,6 @@ def prompts_per_generation_batch(cfg: RootConfig) -> int:
     """What the training data loader yields at a time: ``data.gen_batch_size`` (dynamic sampling
     generates more than it trains on), else ``data.train_batch_size``."""
     return cfg.data.gen_batch_size or cfg.data.train_batch_size
-
-
-def _total_steps(cfg: RootConfig, dataset_len: int | None) -> tuple[int | None, int | None]:
-    per_epoch = None if dataset_len is None else dataset_len // prompts_per_generation_batch(cfg)
-    if cfg.trainer.total_training_steps is not None:
-        return per_epoch, cfg.trainer.total_training_steps
-    return per_epoch, (None if per_epoch is None else per_epoch * cfg.trainer.total_epochs)
 
 
 def warmup_steps(optim, total_optimizer_steps: int | None) -> int | None:
@@ -144,14 +127,16 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
     critic_epochs = cfg.critic.ppo_epochs or arr.actor.ppo_epochs
     critic_opt_steps = critic_epochs * (cfg.data.train_batch_size // critic_mini) if use_critic else 0
 
-    per_epoch, total = _total_steps(cfg, dataset_len)
+    per_epoch = None if dataset_len is None else dataset_len // prompts_per_generation_batch(cfg)
+    total = tr.total_training_steps
+    if total is None and per_epoch is not None:
+        total = per_epoch * tr.total_epochs
     return Derived(
-        actor_world=world, actor_tp=tp, actor_pp=pp, actor_dp=actor_dp,
+        actor_world=world, actor_dp=actor_dp,
         rollout_dp=world // arr.rollout.tensor_model_parallel_size,
         critic_world=critic_world, critic_dp=critic_dp, aux_world=aux_world,
         total_workers=world + aux_world,
         use_critic=use_critic, use_reference=needs_reference(cfg),
-        use_reward_model=cfg.reward_model.enable,
         sequences_per_step=cfg.data.train_batch_size * n,
         actor_mini_batches_per_epoch=actor_minis,
         actor_micro_batches_per_mini=max(1, mini_seqs_per_rank // arr.actor.ppo_micro_batch_size_per_gpu),

@@ -4,30 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
+from operator import attrgetter
 from typing import Any, Callable
 
-from collections.abc import Iterator
-
-from hybridflow.config.keys import ARR, GREATER_THAN_0, POSITIVE, Registry
+from hybridflow.config.keys import ARR, GREATER_THAN_0, POSITIVE, Registry, dataclass_in, walk
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import unknown_name
 
 Check = tuple[str, Any, Callable[[Any], bool], str]  # key, value, ok(value), what it must be
 
 
-def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any, dict]]:
+def leaves(node: Any) -> Iterator[tuple[str, Any, dict]]:
     """(dotted key, value, field metadata) of every non-section field of a config tree, in order."""
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from leaves(value, f"{prefix}{f.name}.")
-        else:
-            yield prefix + f.name, value, f.metadata
-
-
-def declared_rows(node: Any) -> list[Check]:
-    """A row per field of the tree declared with a range, in the tree's order."""
-    return [(k, value, *meta["check"]) for k, value, meta in leaves(node) if meta.get("check")]
+    for dotted, f, tp in walk(type(node)):
+        if dataclass_in(tp) is None:
+            yield dotted, attrgetter(dotted)(node), f.metadata
 
 
 def name_errors(node: Any) -> list[str]:
@@ -69,11 +61,6 @@ def _child_key(key: str, name: str) -> str:
     return name if not key else f"{key}{name}" if name.startswith("[") else f"{key}.{name}"
 
 
-def tree_range_errors(cfg: Any, extra: list[Check] = ()) -> list[str]:
-    """Non-finite values, then every declared range (and ``extra`` rows) a value falls outside."""
-    return row_errors(declared_rows(cfg) + list(extra), non_finite_errors(cfg))
-
-
 def range_errors(cfg: RootConfig) -> list[str]:
     rows: list[Check] = []
     rm, kl_ctrl = cfg.reward_model, cfg.algorithm.kl_ctrl
@@ -86,9 +73,12 @@ def range_errors(cfg: RootConfig) -> list[str]:
     return tree_range_errors(cfg, rows)
 
 
-def row_errors(rows: list[Check], non_finite: list[str]) -> list[str]:
-    """The non-finite values' messages, then each failing row's; a key named by the first is not
-    repeated (nan also fails its range, but 'must be finite' is the message that says what is wrong)."""
+def tree_range_errors(cfg: Any, extra: list[Check] = ()) -> list[str]:
+    """Non-finite values, then every declared range (and ``extra`` rows) a value falls outside. A key
+    named by the first is not repeated (nan also fails its range, but 'must be finite' is the message
+    that says what is wrong)."""
+    non_finite = non_finite_errors(cfg)
     named = {e.split("=", 1)[0].split("[", 1)[0] for e in non_finite}  # betas[1] names betas
+    rows = [(k, value, *meta["check"]) for k, value, meta in leaves(cfg) if meta.get("check")] + list(extra)
     return non_finite + [f"{key}={value!r} must be {what}" for key, value, ok, what in rows
                          if key not in named and not ok(value)]

@@ -17,8 +17,6 @@ class RewardModelModelConfig:
 
 @dataclass
 class OverlongBufferConfig:
-    """DAPO's soft overlong punishment, applied by ``reward_manager=dapo``."""
-
     enable: bool = key(False, "penalise responses that run into the last len tokens")
     len: int = key(4096, "the penalty grows over the last len tokens before data.max_response_length")
     penalty_factor: float = key(1.0, "the penalty at the maximum length")

@@ -44,21 +44,16 @@ def lora_strategy_errors(section: str, rank: int, strategy_key: str, strategy: s
 # first generation) is vLLM's "dummy"; the others are vLLM's names for reading a local checkpoint
 ROLLOUT_LOAD_FORMATS = ("auto", "hf", "safetensors", "pt", "npcache",
                         "dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron")
-# vLLM LLM(...) arguments hybridflow sets itself: the hybridflow key that sets each
+# vLLM LLM(...) arguments hybridflow sets itself: the hybridflow key that sets each (most are
+# rollout keys of vLLM's own name)
+_VLLM_NAMED_ROLLOUT_KEYS = ("dtype", "enforce_eager", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                            "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats", "load_format",
+                            "gpu_memory_utilization")
 VLLM_KWARGS_FROM_KEYS = {
+    **{name: f"{ARR}.rollout.{name}" for name in _VLLM_NAMED_ROLLOUT_KEYS},
     "model": f"{ARR}.model.path",
     "tensor_parallel_size": f"{ARR}.rollout.tensor_model_parallel_size",
-    "dtype": f"{ARR}.rollout.dtype",
     "seed": "trainer.seed",
-    "enforce_eager": f"{ARR}.rollout.enforce_eager",
-    "max_model_len": f"{ARR}.rollout.max_model_len",
-    "max_num_seqs": f"{ARR}.rollout.max_num_seqs",
-    "max_num_batched_tokens": f"{ARR}.rollout.max_num_batched_tokens",
-    "enable_chunked_prefill": f"{ARR}.rollout.enable_chunked_prefill",
-    "enable_prefix_caching": f"{ARR}.rollout.enable_prefix_caching",
-    "disable_log_stats": f"{ARR}.rollout.disable_log_stats",
-    "load_format": f"{ARR}.rollout.load_format",
-    "gpu_memory_utilization": f"{ARR}.rollout.gpu_memory_utilization",
     "kv_cache_memory_bytes": f"{ARR}.rollout.kv_cache_gib",
     "enable_sleep_mode": f"{ARR}.rollout.free_cache_engine",
     "hf_overrides": f"{ARR}.model.override_config",  # the training engines apply it too

@@ -1,9 +1,4 @@
-"""``trainer`` (the loop, outputs, resources), ``ray_init`` and ``ray_kwargs``.
-
-On CPU ``n_gpus_per_node`` counts worker slots (one process each). With ``placement=separate``
-the actor+rollout pool keeps ``nnodes * n_gpus_per_node`` slots and the critic, reference and
-reward model share a second pool of ``nnodes * separate_pool_gpus_per_node`` slots.
-"""
+"""``trainer`` (the loop, outputs, resources), ``ray_init`` and ``ray_kwargs``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +43,8 @@ class TrainerConfig:
     experiment_name: str = key("demo", "the tracking run's name")
     call_timeout_s: float = key(600.0, "every worker call and collective of a step", GREATER_THAN_0)
     init_timeout_s: float = key(1800.0, "the workers' start-up (init_model: models, weights, vLLM)", GREATER_THAN_0)
-    placement: str = key("colocate", "colocate | separate (critic/ref/reward model on a 2nd pool)",
-                         choices=("colocate", "separate"))
+    placement: str = key("colocate", "colocate | separate (critic/ref/reward model on a 2nd pool of nnodes x "
+                                     "separate_pool_gpus_per_node slots)", choices=("colocate", "separate"))
     separate_pool_gpus_per_node: int = key(1, "placement=separate: the 2nd pool's slots per node", POSITIVE)
     overlap_separate_pools: bool = key(True, "separate: the 2nd pool's calls run while the actor's pool works")
     cpus_per_worker: float = key(1.0, "Ray CPU resources per worker process", GREATER_THAN_0)

@@ -7,7 +7,7 @@ from safetensors import safe_open
 
 from hybridflow import auto_fsdp_size
 from hybridflow.config import load_config, validate
-from hybridflow.config.derived import say_once
+from hybridflow.config.resolve import say_once
 from hybridflow.config.sft import load_sft_config
 from hybridflow.tiny import make_tiny_checkpoint
 

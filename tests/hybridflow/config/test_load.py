@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridflow.config import ConfigError, RootConfig, derive, dotted_keys, load_config, validate
-from hybridflow.config.derived import say_once
+from hybridflow.config.resolve import say_once
 from hybridflow.config.sft import SFTConfig, load_sft_config, validate_sft
 from recipes.cli import cli_info, compose_config, split_cli_args
 from recipes.engine_settings import rollout_engine_kwargs as derive_rollout_kwargs
