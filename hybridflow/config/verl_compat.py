@@ -1,14 +1,12 @@
-"""verl compatibility, in one place: keys accepted so verl's scripts and generated configs run
-unchanged. Keys with no effect here (inert), keys accepted at their "off" value only, verl's
-deprecated global micro-batch sizes, and verl's other names and homes of a key (``ray_kwargs``,
-``resume_mode=resume_path``, the SFT trainer's ``partial_pretrain`` / ``warmup_steps_ratio``).
+"""verl compatibility, in one place, so verl's scripts and generated configs run unchanged: keys
+with no effect here (inert), keys accepted at their "off" value only, verl's deprecated global
+micro-batch sizes, and verl's other names and homes of a key.
 
-An inert key is listed with the values it is accepted at (``ANY``: it only tunes speed or memory
-in a way with no counterpart here) and what it is in verl; another value asks for a feature
-hybridflow does not have, and the run fails with the reason before any worker starts. No code
-reads them, so they are not dataclass fields: ``load.to_dataclass`` checks and removes them
-(:func:`pop_inert_keys`), ``cli.compose_config`` lets Hydra add them without a ``+``. A schema
-names its table in ``verl_inert_keys``.
+An inert key is listed with the values it is accepted at (``ANY``: every value, for a key that only
+tunes speed or memory) and what it is; another value asks for a feature hybridflow lacks and fails
+before any worker starts. No code reads these keys, so they are not dataclass fields:
+``load.to_dataclass`` checks and removes them (:func:`pop_inert_keys`), ``recipes/cli.py`` lets
+Hydra add them without a ``+``. A schema names its table in ``verl_inert_keys``.
 """
 from __future__ import annotations
 
@@ -26,14 +24,12 @@ RESUME_MODES = ("auto", "disable")
 
 # accepted values; ANY: every value
 ANY, OFF, NULL = None, (False,), (None,)
-# reasons several keys share
 SPEED, MEMORY = "speed only", "memory only"
-STEPS = "the trainer sets the schedule's length from the run, as verl does"
-PROFILING = "profiling is not built in; scripts/bench/ measures each stage"
 NO_REMOTE_CODE = "remote model code is never run"
 LONG_SEQUENCES = "long sequences: use_remove_padding, use_dynamic_bsz, or strategy=megatron with tensor parallelism"
 ULYSSES = ((1,), f"Ulysses sequence parallelism is not implemented ({LONG_SEQUENCES})")
-CUSTOM_DATASET = "a custom dataset class is not supported; rows are read"
+CUSTOM_DATASET = dict.fromkeys(("data.custom_cls.path", "data.custom_cls.name"), (
+    NULL, "a custom dataset class is not supported; hybridflow.data reads the rows in verl's schema"))
 
 
 def _under(sections: Iterable[str], table: dict) -> dict:
@@ -43,8 +39,7 @@ def _under(sections: Iterable[str], table: dict) -> dict:
 
 def _fsdp(section: str, dtype_key: str) -> dict:
     return _under([section], {
-        "offload_policy": (OFF, "FSDP2's CPUOffloadPolicy is not used; param_offload and optimizer_offload move "
-                                "state between engine calls"),
+        "offload_policy": (OFF, "FSDP2's CPUOffloadPolicy is not used; use param_offload and optimizer_offload"),
         "model_dtype": (("fp32", "float32"), f"the FSDP model holds fp32 master weights; for bf16 compute set "
                                              f"{dtype_key}=bf16"),
         "wrap_policy.min_num_params": ((0,), "FSDP2 shards each decoder layer as a unit"),
@@ -59,8 +54,7 @@ _MEGATRON = {
     "expert_model_parallel_size": ((1,), "mixture-of-experts models are not supported"),
     "grad_offload": (OFF, "gradients stay on the device"),
     "seed": (ANY, "trainer.seed seeds every rank"),
-    "use_dist_checkpointing": (OFF, "checkpoints are saved per rank in hybridflow's format and exported as HF "
-                                    "safetensors"),
+    "use_dist_checkpointing": (OFF, "checkpoints are per rank in hybridflow's format, exported as HF safetensors"),
     "dist_checkpointing_path": (NULL, "see use_dist_checkpointing"),
 }
 _MODEL = {
@@ -69,15 +63,13 @@ _MODEL = {
 }
 # verl's reward-model worker is an FSDP module; here each worker holds the whole HF sequence
 # classifier and scores its share of the batch, reading the actor's token ids
-_REPLICATED = "the reward model is replicated on each worker (no FSDP sharding or offload)"
 _REWARD_MODEL = {
-    "strategy": (ANY, _REPLICATED),
-    **{f"model.fsdp_config.{name}": (ANY, _REPLICATED) for name in (
-        "param_offload", "fsdp_size", "reshard_after_forward", "forward_prefetch", "wrap_policy.min_num_params")},
-    "model.use_remove_padding": (ANY, SPEED),
-    "model.use_fused_kernels": (ANY, SPEED),
-    "use_dynamic_bsz": (ANY, "speed only: micro_batch_size_per_gpu sets the micro-batches"),
-    "forward_max_token_len_per_gpu": (ANY, "see reward_model.use_dynamic_bsz"),
+    **dict.fromkeys(["strategy", *(f"model.fsdp_config.{name}" for name in (
+        "param_offload", "fsdp_size", "reshard_after_forward", "forward_prefetch", "wrap_policy.min_num_params"))],
+        (ANY, "the reward model is replicated on each worker (no FSDP sharding or offload)")),
+    **dict.fromkeys(("model.use_remove_padding", "model.use_fused_kernels"), (ANY, SPEED)),
+    **dict.fromkeys(("use_dynamic_bsz", "forward_max_token_len_per_gpu"),
+                    (ANY, "speed only: micro_batch_size_per_gpu sets the micro-batches")),
     "model.input_tokenizer": (ANY, "the reward model scores the actor's token ids and must share its vocabulary "
                                    "(checked when it loads)"),
     "model.trust_remote_code": (OFF, NO_REMOTE_CODE),
@@ -88,22 +80,19 @@ _REWARD_MODEL = {
 # dotted key -> (accepted values or ANY, what it is / why it has no effect)
 INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "algorithm.use_pf_ppo": (OFF, "PF-PPO's reward-weighted resampling is not implemented"),
-    "data.image_key": (ANY, "prompts are text; no image column is read"),
-    "data.video_key": (ANY, "prompts are text; no video column is read"),
-    "data.custom_cls.path": (NULL, f"{CUSTOM_DATASET} in verl's parquet/jsonl schema by hybridflow.data"),
-    "data.custom_cls.name": (NULL, "see data.custom_cls.path"),
+    **dict.fromkeys(("data.image_key", "data.video_key"), (ANY, "prompts are text; no image or video column is read")),
+    **CUSTOM_DATASET,
     "data.return_full_prompt": (OFF, "the templated prompt text is not carried on the batch"),
     "data.trust_remote_code": (OFF, "remote tokenizer code is never run"),
     "data.filter_overlong_prompts_workers": (ANY, "speed only: the filter reads the files once, before Ray starts"),
-    "data.sampler.class_path": (NULL, "a custom sampler is not supported; data.shuffle and data.seed order the "
-                                      "prompts"),
-    "data.sampler.class_name": (NULL, "see data.sampler.class_path"),
+    **dict.fromkeys(("data.sampler.class_path", "data.sampler.class_name"),
+                    (NULL, "a custom sampler is not supported; data.shuffle and data.seed order the prompts")),
     f"{ARR}.nccl_timeout": (ANY, "trainer.call_timeout_s bounds every worker call"),
     **_under([f"{ARR}.model", "critic.model"], _MODEL),
-    f"{ARR}.actor.entropy_from_logits_with_chunking": (ANY, MEMORY),
-    f"{ARR}.actor.optim.total_training_steps": (ANY, STEPS),
-    "critic.optim.total_training_steps": (ANY, STEPS),
-    f"{ARR}.actor.entropy_checkpointing": (ANY, MEMORY),
+    **dict.fromkeys((f"{ARR}.actor.entropy_from_logits_with_chunking", f"{ARR}.actor.entropy_checkpointing"),
+                    (ANY, MEMORY)),
+    **dict.fromkeys((f"{ARR}.actor.optim.total_training_steps", "critic.optim.total_training_steps"),
+                    (ANY, "the trainer sets the schedule's length from the run, as verl does")),
     **_fsdp(f"{ARR}.actor.fsdp_config", f"{ARR}.actor.param_dtype"),
     **_fsdp(f"{ARR}.ref.fsdp_config", f"{ARR}.actor.param_dtype (the reference computes as the actor)"),
     **_fsdp("critic.model.fsdp_config", "critic.param_dtype"),
@@ -117,16 +106,13 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
         "trace.backend": (NULL, "rollout tracing is not implemented"),
     }),
     **_under(["reward_model"], _REWARD_MODEL),
-    "reward_model.sandbox_fusion.url": (NULL, "sandboxed code execution rewards are not implemented; use "
-                                              "custom_reward_function"),
+    "reward_model.sandbox_fusion.url": (NULL, "sandboxed code rewards are not implemented; use custom_reward_function"),
     "trainer.esi_redundant_time": (ANY, "no elastic server instance expiry to plan for"),
     "trainer.del_local_ckpt_after_load": (OFF, "a checkpoint is never deleted after it is loaded"),
-    "trainer.ray_wait_register_center_timeout": (ANY, "workers register through Ray directly "
-                                                      "(trainer.call_timeout_s bounds every call)"),
-    "trainer.profile_steps": (NULL, PROFILING),
+    "trainer.ray_wait_register_center_timeout": (ANY, "workers register through Ray; trainer.call_timeout_s applies"),
     "trainer.use_legacy_worker_impl": (ANY, "there is one worker implementation"),
-    "global_profiler.tool": (NULL, PROFILING),
-    "global_profiler.steps": (NULL, "see global_profiler.tool"),
+    **dict.fromkeys(("trainer.profile_steps", "global_profiler.tool", "global_profiler.steps"),
+                    (NULL, "profiling is not built in; scripts/bench/ measures each stage")),
 }
 
 # the SFT recipe's (verl's fsdp_sft_trainer.yaml)
@@ -136,20 +122,19 @@ SFT_INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "data.balance_dp_token": (ANY, SPEED),
     "data.use_shm": (ANY, "files are read from where they are"),
     "data.chat_template": (NULL, "the tokenizer's template is used; change it in the tokenizer's files"),
-    "data.custom_cls.path": (NULL, f"{CUSTOM_DATASET} by hybridflow.data.sft_dataset"),
-    "data.custom_cls.name": (NULL, "see data.custom_cls.path"),
+    **CUSTOM_DATASET,
     "data.multiturn.tools_key": (ANY, "tool schemas are not passed to the chat template"),
     "data.multiturn.enable_thinking_key": (ANY, "per-row thinking switches are not read"),
-    "model.use_shm": (ANY, "the model is read from where it is"),
+    "model.use_shm": _MODEL["use_shm"],
     "model.external_lib": (NULL, "not implemented for SFT; use the RL recipe's model.external_lib"),
-    "model.trust_remote_code": (OFF, "remote model code is not run"),
+    "model.trust_remote_code": (OFF, NO_REMOTE_CODE),
     "model.use_liger": (OFF, "Liger kernels are not used"),
     **_fsdp("model.fsdp_config", "model.param_dtype"),
-    "model.fsdp_config.cpu_offload": (OFF, "use model.fsdp_config.param_offload / optimizer_offload"),
-    "model.fsdp_config.offload_params": (OFF, "use model.fsdp_config.param_offload"),
+    **dict.fromkeys(("model.fsdp_config.cpu_offload", "model.fsdp_config.offload_params"),
+                    (OFF, "use model.fsdp_config.param_offload (and optimizer_offload)")),
     "trainer.default_hdfs_dir": (NULL, "checkpoints stay in trainer.default_local_dir"),
-    "trainer.checkpoint.save_contents": (ANY, "SFT checkpoints hold model, optimizer and extra state"),
-    "trainer.checkpoint.load_contents": (ANY, "see trainer.checkpoint.save_contents"),
+    **dict.fromkeys(("trainer.checkpoint.save_contents", "trainer.checkpoint.load_contents"),
+                    (ANY, "SFT checkpoints hold model, optimizer and extra state")),
 }
 
 
@@ -173,19 +158,17 @@ def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict) -> list[s
     errors, known = [], set(schema_keys)
     for dotted, (accepted, why) in keys.items():
         *parents, leaf = dotted.split(".")
-        chain, node = [], tree
+        nodes = [tree]  # the tree, then each section on the key's path
         for part in parents:
-            chain.append((node, part))
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or leaf not in node:
+            nodes.append(nodes[-1].get(part) if isinstance(nodes[-1], dict) else None)
+        if not isinstance(nodes[-1], dict) or leaf not in nodes[-1]:
             continue
-        value = node.pop(leaf)
+        value = nodes[-1].pop(leaf)
         if accepted is not ANY and value not in accepted:
             errors.append(f"{dotted}={_word(value)}: {why}; set it to {_word(accepted[0])} or remove it")
-        for depth in range(len(chain), 0, -1):  # prune sections that existed only for inert keys
-            parent, part = chain[depth - 1]
-            if parent.get(part) == {} and ".".join(parents[:depth]) not in known:
-                del parent[part]
+        for depth in range(len(parents), 0, -1):  # deepest first: emptying one may empty its parent
+            if nodes[depth] == {} and ".".join(parents[:depth]) not in known:
+                del nodes[depth - 1][parents[depth - 1]]
     return errors
 
 
@@ -212,44 +195,40 @@ def unsupported_errors(cfg) -> list[str]:
     return [message for failed, message in checks if failed]
 
 
+def _to_per_gpu(node, section: str, name: str, dp: int) -> str | None:
+    """verl's deprecated ``name`` counts sequences over all ``dp`` data-parallel ranks; its workers
+    divide it by ``dp`` and use the result as ``name_per_gpu``, so this does too, in place. The
+    converted key is cleared, so converting again changes nothing. An error when it does not split."""
+    total, key = getattr(node, name), f"{section}.{name}"
+    if total is None:
+        return None
+    if dp and (total < dp or total % dp):
+        return (f"{key}={total} (verl's deprecated size over all {dp} data-parallel ranks) must be a positive "
+                f"multiple of {dp}: set {key}_per_gpu instead (sequences per rank) and remove {key}")
+    if dp:
+        setattr(node, f"{name}_per_gpu", total // dp)
+        logger.warning("%s=%d is deprecated (verl): using %s_per_gpu=%d (%d data-parallel ranks)",
+                       key, total, key, total // dp, dp)
+    setattr(node, name, None)
+    return None
+
+
 def convert_global_micro_batch_sizes(cfg, actor_dp: int, critic_dp: int, reward_dp: int) -> list[str]:
-    """verl's deprecated micro-batch sizes count sequences over all of a role's data-parallel
-    ranks; verl's workers divide them by that size and use the result as the ``*_per_gpu`` key.
-    Done here, in place, so the rest of the config reads one key. A converted key is cleared, so
-    validating again changes nothing. Assumes the parallel sizes were checked."""
-    arr, errors = cfg.actor_rollout_ref, []
+    """The RL recipe's deprecated global micro-batch sizes (:func:`_to_per_gpu`); assumes the
+    parallel sizes were checked."""
+    arr = cfg.actor_rollout_ref
     rows = [(arr.actor, f"{ARR}.actor", "ppo_micro_batch_size", actor_dp),
             (arr.rollout, f"{ARR}.rollout", "log_prob_micro_batch_size", actor_dp),
             (arr.ref, f"{ARR}.ref", "log_prob_micro_batch_size", actor_dp),
             (cfg.critic, "critic", "ppo_micro_batch_size", critic_dp),
             (cfg.critic, "critic", "forward_micro_batch_size", critic_dp),
             (cfg.reward_model, "reward_model", "micro_batch_size", reward_dp)]
-    for node, section, name, dp in rows:
-        total, key = getattr(node, name), f"{section}.{name}"
-        if total is None:
-            continue
-        if dp and (total < dp or total % dp):
-            errors.append(f"{key}={total} (verl's deprecated size over all {dp} data-parallel ranks) must be a "
-                          f"positive multiple of {dp}: set {key}_per_gpu instead (sequences per rank) and "
-                          f"remove {key}")
-            continue
-        if dp:
-            setattr(node, f"{name}_per_gpu", total // dp)
-            logger.warning("%s=%d is deprecated (verl): using %s_per_gpu=%d (%d data-parallel ranks)",
-                           key, total, key, total // dp, dp)
-        setattr(node, name, None)
-    return errors
+    return [error for row in rows if (error := _to_per_gpu(*row))]
 
 
 def convert_sft_micro_batch_size(data, dp: int) -> str | None:
     """The SFT recipe's deprecated ``data.micro_batch_size``: per rank, as verl's SFT trainer does."""
-    if data.micro_batch_size is None:
-        return None
-    if data.micro_batch_size % dp:
-        return (f"data.micro_batch_size={data.micro_batch_size} (verl's deprecated size over all {dp} data-parallel "
-                "workers) must be a multiple of that: set data.micro_batch_size_per_gpu instead and remove it")
-    data.micro_batch_size_per_gpu, data.micro_batch_size = data.micro_batch_size // dp, None
-    return None
+    return _to_per_gpu(data, "data", "micro_batch_size", dp)
 
 
 def fold_ray_kwargs(root) -> None:
