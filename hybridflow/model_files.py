@@ -13,7 +13,7 @@ import json
 import os
 import struct
 
-from hybridflow.config.errors import ConfigError
+from hybridflow.errors import ConfigError
 
 RESTORE = "copy it again from the model's original folder"
 

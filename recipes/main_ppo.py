@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hybridflow.config import ConfigError, derive, load_config, validate
-from hybridflow.config.derived import prompts_per_generation_batch
+from hybridflow.config.derived import needs_critic, prompts_per_generation_batch
 from hybridflow.controller import WorkerMemoryError
 from hybridflow.data.dataset import DataError
 from hybridflow.rewards.loader import RewardFunctionError
@@ -84,7 +84,7 @@ def read_inputs(cfg) -> RunInputs:
     resume = open_resume(cfg.trainer.default_local_dir, cfg.trainer.resume_mode, worker_layout(cfg))
     # a folder without weight files passed validate() (it checks layouts against config.json alone)
     # and failed a minute later inside a worker
-    weightless = weightless_model_error(cfg)
+    weightless = weightless_model_error(cfg, needs_critic(cfg))
     if weightless:
         raise ConfigError(weightless)
     data = cfg.data

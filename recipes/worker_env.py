@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from hybridflow import run_logs
-from hybridflow.config import read_model_config
+from hybridflow.model_checks import read_model_config
 
 # glibc serves a block above its mmap threshold from fresh pages and returns them to the kernel on
 # free; the threshold adapts to what a process frees but never beyond 32 MiB on 64-bit Linux

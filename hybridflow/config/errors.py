@@ -1,5 +1,4 @@
-"""The one exception every config problem raises: one line naming the key(s) and the fix."""
+"""``ConfigError`` under the config package's name (defined in ``hybridflow/errors.py``, which imports nothing)."""
+from hybridflow.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; raised before any worker (or Ray) starts."""
+__all__ = ["ConfigError"]

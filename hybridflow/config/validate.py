@@ -10,8 +10,8 @@ import logging
 import os
 
 from hybridflow.config.derived import (
-    derive, estimator_needs_critic, log_prob_token_budget, model_parallel, needs_critic, needs_reference,
-    reward_fn_runs_async, reward_pool_world,
+    critic_external_lib, critic_shares_actor_model, derive, estimator_needs_critic, log_prob_token_budget,
+    model_parallel, needs_critic, needs_reference, reward_fn_runs_async, reward_model_external_lib, reward_pool_world,
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import ARR
@@ -22,11 +22,8 @@ from hybridflow.config.rules import (
 )
 from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
 from hybridflow.host_checks import device_errors, path_error, writable_folder_error
-from hybridflow.model_checks import (
-    cpu_head_size_errors, cpu_moe_rollout_errors, lora_target_errors, megatron_model_errors, model_file_errors,
-    model_shape_errors, override_config_errors, read_model_config, reward_model_errors, side_external_lib_errors,
-)
-from hybridflow.model_overrides import external_lib_error, overridden_dict
+from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, read_model_config
+from hybridflow.model_overrides import external_lib_error
 
 logger = logging.getLogger(__name__)
 
@@ -53,24 +50,29 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
         d = derive(cfg)
         reward_dp = reward_pool_world(cfg) or (d.aux_world if cfg.trainer.placement == "separate" else d.actor_world)
         errors += convert_global_micro_batch_sizes(cfg, d.actor_dp, d.critic_dp, reward_dp) + batch_errors(cfg)
-    # imported before the model's config is read: the module may register its model_type
-    errors += side_external_lib_errors(cfg)
+    # imported before the models' configs are read: a module may register its model_type (the workers
+    # import it again)
+    libs = [("critic.model.external_lib", critic_external_lib(cfg))] if needs_critic(cfg) else []
+    if cfg.reward_model.enable:
+        libs.append(("reward_model.model.external_lib", reward_model_external_lib(cfg)))
+    errors += [e for e in (external_lib_error(key, name) for key, name in libs) if e]
     if check_paths:
-        files = model_file_errors(cfg)  # a corrupt config.json is named there, not read below
+        files = model_file_errors(cfg, needs_critic(cfg))  # a corrupt config.json is named there, not read below
         errors += path_errors(cfg) + files
         if model_config is None and not files:
             model_config = read_model_config(cfg.actor_rollout_ref.model.path)
     if model_config is not None:
-        errors += override_config_errors(cfg, model_config) + megatron_model_errors(cfg, model_config)
-        errors += cpu_moe_rollout_errors(cfg, model_config)
-        errors += reward_model_errors(cfg, model_config) + lora_target_errors(cfg)
-        # the sizes the run builds: an override of max_position_embeddings or head_dim counts
-        built = overridden_dict(model_config, cfg.actor_rollout_ref.model.override_config)
-        errors += cpu_head_size_errors(cfg, built) + model_shape_errors(cfg, built)
+        errors += model_config_errors(cfg, model_roles(cfg), model_config)
     errors += device_errors(cfg, available_slots, reward_pool_world(cfg))
     if errors:
         raise ConfigError("; ".join(errors))
     _warn_odd_settings(cfg)
+
+
+def model_roles(cfg: RootConfig) -> ModelRoles:
+    arr, c = cfg.actor_rollout_ref.actor, cfg.critic
+    return ModelRoles(needs_critic(cfg), critic_shares_actor_model(cfg), model_parallel(arr.strategy, arr.megatron),
+                      model_parallel(c.strategy, c.megatron))
 
 
 def lora_errors(cfg: RootConfig) -> list[str]:
