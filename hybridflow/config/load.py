@@ -1,10 +1,8 @@
-"""Hydra/OmegaConf config -> typed dataclasses, rejecting unknown keys and wrong types.
-
-Unlike OmegaConf structured configs, an unknown key names its full dotted path and the closest
-valid key (difflib over every key of the tree, so a key put in the wrong section is found too),
-and every problem found is reported in one line instead of stopping at the first.
-Conversions are strict where a silent cast would hide a mistake: a quoted number is not an int,
-``1`` is not a bool. Lists also accept a single value (``trainer.logger=console``), as verl does.
+"""Hydra/OmegaConf config -> typed dataclasses. Unlike OmegaConf structured configs, an unknown key
+names its dotted path and the closest valid key in the whole tree (one put in the wrong section is
+found too), and every problem is reported in one line. Conversions are strict where a silent cast
+would hide a mistake (a quoted number is not an int, ``1`` is not a bool); a list also takes a single
+value (``trainer.logger=console``), as verl does.
 """
 from __future__ import annotations
 
@@ -27,8 +25,6 @@ from hybridflow.config.root import RootConfig
 from hybridflow.config.verl_compat import fold_ray_kwargs, inert_keys, pop_inert_keys, resolve_resume_mode
 
 T = TypeVar("T")
-# Top-level nodes Hydra itself may leave in a composed config.
-IGNORED_TOP_LEVEL = ("hydra",)
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -49,9 +45,8 @@ def unknown_key_message(key: str, valid_keys: Sequence[str], cutoff: float = 0.6
 
 def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     """A composed Hydra config (DictConfig or plain dict) as :class:`RootConfig`, interpolations and
-    ``auto`` values resolved, paths made absolute against ``base_dir`` (default: the working
-    directory: workers with another one find them). :class:`ConfigError` lists every unknown key and
-    wrong type."""
+    ``auto`` values resolved, paths made absolute against ``base_dir`` (default: the working directory,
+    so workers with another one find them). :class:`ConfigError` lists every unknown key and wrong type."""
     root = to_dataclass(RootConfig, cfg, base_dir=base_dir)
     fold_ray_kwargs(root)
     for role in (root.actor_rollout_ref.actor, root.actor_rollout_ref.ref, root.critic):
@@ -66,7 +61,8 @@ def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:
     data = _plain(cfg)
     if not isinstance(data, Mapping):
         raise ConfigError(f"the config must be a mapping of sections, got {type(data).__name__}")
-    data, builder = {k: v for k, v in data.items() if k not in IGNORED_TOP_LEVEL}, _Builder(dotted_keys(cls))
+    # Hydra itself may leave its "hydra" node in a composed config
+    data, builder = {k: v for k, v in data.items() if k != "hydra"}, _Builder(dotted_keys(cls))
     inert_errors = pop_inert_keys(data, builder.valid_keys, inert_keys(cls))
     result = builder.build(cls, data, "")
     if builder.errors or inert_errors:
@@ -125,14 +121,13 @@ class _Builder:
         self.errors: list[str] = []
 
     def build(self, cls: type, data: Any, prefix: str) -> Any:
+        names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(data, Mapping):
-            keys = ", ".join(f.name for f in dataclasses.fields(cls))
-            self.errors.append(f"config key '{prefix.rstrip('.')}' must be a section (a mapping of "
-                               f"keys: {keys}), got {type(data).__name__} {data!r}: set one of its keys, "
-                               f"e.g. {prefix}{dataclasses.fields(cls)[0].name}=...")
+            self.errors.append(f"config key '{prefix.rstrip('.')}' must be a section (a mapping of keys: "
+                               f"{', '.join(names)}), got {type(data).__name__} {data!r}: set one of its keys, "
+                               f"e.g. {prefix}{names[0]}=...")
             return cls()
-        hints, names = typing.get_type_hints(cls), {f.name for f in dataclasses.fields(cls)}
-        kwargs = {}
+        hints, kwargs = typing.get_type_hints(cls), {}
         for k, value in data.items():  # in the config's order, so the messages are too
             if k in names:
                 kwargs[k] = self.convert(hints[k], value, prefix + k)
