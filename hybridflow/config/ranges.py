@@ -46,19 +46,14 @@ def non_finite_errors(node: Any, key: str = "") -> list[str]:
         items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
     elif isinstance(node, dict):
         items = [(str(k), v) for k, v in node.items()]
-    elif isinstance(node, (list, tuple)):
-        items = [(f"[{i}]", v) for i, v in enumerate(node)]
+    elif isinstance(node, (list, tuple)):  # critic.optim.betas -> critic.optim.betas[1]
+        return [e for i, v in enumerate(node) for e in non_finite_errors(v, f"{key}[{i}]")]
     elif isinstance(node, float) and not math.isfinite(node):
         return [f"{key}={node!r} must be a finite number, not inf or nan"]
     else:
         return []
-    return [e for name, value in items for e in non_finite_errors(value, _child_key(key, name))]
-
-
-def _child_key(key: str, name: str) -> str:
-    """``critic.optim`` + ``lr`` -> ``critic.optim.lr``; ``critic.optim.betas`` + ``[1]`` ->
-    ``critic.optim.betas[1]``."""
-    return name if not key else f"{key}{name}" if name.startswith("[") else f"{key}.{name}"
+    prefix = f"{key}." if key else ""
+    return [e for name, value in items for e in non_finite_errors(value, prefix + name)]
 
 
 def range_errors(cfg: RootConfig) -> list[str]:

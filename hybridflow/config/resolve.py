@@ -1,9 +1,7 @@
-"""Every ``auto`` of a config, decided once, when it is loaded (``derive`` does it for a config built
-in code): ``param_dtype`` (bf16 where bf16 matmuls are native, else fp32), ``rollout.dtype`` (the
-actor's) and ``fsdp_size`` (``hybridflow/auto_fsdp_size.py``, which reads the machine and the
-checkpoints). Only ``auto`` values change, so resolving a resolved config changes nothing. An
-unused critic's ``auto`` stays unresolved, and unsaid; so the roles a run builds (``critic.enable``
-null: whatever the estimator needs) are decided here too.
+"""Every ``auto`` of a config (``param_dtype``, ``rollout.dtype``, ``fsdp_size``), decided once, when it
+is loaded (``derive`` does it for a config built in code). Only ``auto`` values change, so resolving a
+resolved config changes nothing. An unused critic's ``auto`` stays unresolved, and unsaid; so the roles
+a run builds (``critic.enable`` null: whatever the estimator needs) are decided here too.
 """
 from __future__ import annotations
 
