@@ -1,12 +1,10 @@
-"""verl compatibility, in one place, so verl's scripts and generated configs run unchanged: keys
-with no effect here (inert), keys accepted at their "off" value only, verl's deprecated global
-micro-batch sizes, and verl's other names and homes of a key.
-
-An inert key is listed with the values it is accepted at (``ANY``: every value, for a key that only
-tunes speed or memory) and what it is; another value asks for a feature hybridflow lacks and fails
-before any worker starts. No code reads these keys, so they are not dataclass fields:
-``load.to_dataclass`` checks and removes them (:func:`pop_inert_keys`), ``recipes/cli.py`` lets
-Hydra add them without a ``+``. A schema names its table in ``verl_inert_keys``.
+"""verl compatibility, in one place, so verl's scripts and generated configs run unchanged: inert
+keys, keys accepted at their "off" value only, verl's deprecated global micro-batch sizes, and verl's
+other names and homes of a key. An inert key has no effect here: it is listed with the values it is
+accepted at (``ANY``: every value) and what it is; another value fails before any worker starts. No
+code reads these keys, so they are not dataclass fields: ``load.to_dataclass`` removes them
+(:func:`pop_inert_keys`), ``recipes/cli.py`` lets Hydra add them without a ``+``. A schema names its
+table in ``verl_inert_keys``.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ logger = logging.getLogger(__name__)
 
 RESUME_MODES = ("auto", "disable")
 
-# accepted values; ANY: every value
 ANY, OFF, NULL = None, (False,), (None,)
 SPEED, MEMORY = "speed only", "memory only"
 NO_REMOTE_CODE = "remote model code is never run"
