@@ -1,17 +1,13 @@
 """The run's paths and devices against the machine it starts on: a file or model folder that is not
 there, an output folder that takes no files, more workers than slots, no GPU. Checks of the world,
-not of the config's own consistency; ``hybridflow.config.validate`` calls them before Ray starts, so
-a bad path or a missing GPU fails in a second. Nothing here imports ``hybridflow.config`` (it is
-called from there: the import graph runs one way)."""
+not of the config's own consistency; both recipes' validate calls them before Ray starts, so a bad
+path or a missing GPU fails in a second. Nothing here imports ``hybridflow.config`` (it is called
+from there: the import graph runs one way)."""
 from __future__ import annotations
 
 import os
 import re
 import tempfile
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hybridflow.config.root import RootConfig
 
 
 def path_error(key: str, path: str, kind: str) -> str | None:
@@ -23,19 +19,37 @@ def path_error(key: str, path: str, kind: str) -> str | None:
             f"{hub_id_hint(path) if kind == 'dir' else ''}")
 
 
-def device_errors(cfg: RootConfig, available_slots: int | None, rm_pool: int) -> list[str]:
+def data_file_errors(data) -> list[str]:
+    """``data.train_files`` (one at least) and ``data.val_files`` of either recipe, each an existing file."""
+    errors = [] if data.train_files else ["data.train_files is empty: give at least one parquet/jsonl file"]
+    for key in ("train_files", "val_files"):
+        errors += [path_error(f"data.{key}[{i}]", path, "file") for i, path in enumerate(getattr(data, key))]
+    return [e for e in errors if e]
+
+
+def output_folder_errors(trainer, keys) -> list[str]:
+    """The output folders of ``trainer`` that ``keys`` name, created and written to now: a bad one fails
+    before Ray. The run's own folder (default_local_dir) is left as it was: a check must not create it."""
+    errors = []
+    for key in keys:
+        folder = getattr(trainer, key)
+        problem = folder is not None and writable_folder_error(folder, keep=key != "default_local_dir")
+        if problem:
+            fix = "a writable folder" if key == "default_local_dir" else "a writable folder or null"
+            errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use {fix}")
+    return errors
+
+
+def device_errors(trainer, ray_address: str | None, available_slots: int | None,
+                  pools: list[tuple[str, int]] = ()) -> list[str]:
     """More workers than the cluster's slots (or this node's GPUs), or trainer.device=cuda without a GPU.
-    ``rm_pool``: the reward model's own pool's workers."""
-    t, errors = cfg.trainer, []
+    ``pools``: (key, workers) of the pools beyond the trainer's (the RL recipe's separate and reward pools)."""
+    t, errors = trainer, []
     d_world = t.nnodes * t.n_gpus_per_node
-    side = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0
-    aux = side + rm_pool  # the workers beyond the actor's pool
+    aux = sum(size for _, size in pools)
     if available_slots is not None and d_world + aux > available_slots:
         parts = f"trainer.nnodes*trainer.n_gpus_per_node={t.nnodes}*{t.n_gpus_per_node}"
-        if side:
-            parts += f" + trainer.nnodes*trainer.separate_pool_gpus_per_node={side}"
-        if rm_pool:
-            parts += f" + reward_model.nnodes*reward_model.n_gpus_per_node={rm_pool}"
+        parts += "".join(f" + {key}={size}" for key, size in pools if size)
         fix = "lower trainer.n_gpus_per_node or add devices"
         from hybridflow.device import uses_gpu
 
@@ -51,7 +65,7 @@ def device_errors(cfg: RootConfig, available_slots: int | None, rm_pool: int) ->
         gpus = device_count()
         if gpus == 0:
             errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
-        elif t.nnodes == 1 and cfg.ray_init.address is None and d_world + aux > gpus:
+        elif t.nnodes == 1 and ray_address is None and d_world + aux > gpus:
             errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} (+ separate pools {aux}) "
                           f"exceeds the {gpus} GPUs visible on this node: lower it")
     return errors
@@ -65,7 +79,6 @@ def hub_id_hint(path: str, base_dir: str | None = None) -> str:
         return ""
     return (f"; if '{relative}' is a Hugging Face Hub id, download it first (`hf download "
             f"{relative} --local-dir <folder>`) and pass that folder")
-
 
 
 def writable_folder_error(folder: str, keep: bool = True) -> str | None:

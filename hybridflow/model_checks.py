@@ -209,25 +209,29 @@ def lora_target_errors(cfg, critic: bool) -> list[str]:
     return errors
 
 
-def model_shape_errors(cfg, roles: ModelRoles, hf: dict) -> list[str]:
-    """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP; vLLM splits
-    heads and the MLP, and needs kv heads and its TP to divide one another."""
-    arr, errors = cfg.actor_rollout_ref, []
-    heads, layers = hf.get("num_attention_heads"), hf.get("num_hidden_layers")
-    shapes = {"num_attention_heads": heads,
-              "num_key_value_heads": hf.get("num_key_value_heads", heads),
+def megatron_shape_errors(key: str, tp: int, pp: int, hf: dict) -> list[str]:
+    """Megatron splits heads, kv heads, vocab and the MLP by TP and layers by PP (``key``: the role's section)."""
+    errors, heads = [], hf.get("num_attention_heads")
+    shapes = {"num_attention_heads": heads, "num_key_value_heads": hf.get("num_key_value_heads", heads),
               "vocab_size": hf.get("vocab_size"), "intermediate_size": hf.get("intermediate_size")}
-    trained = [(f"{ARR}.actor", roles.actor_parallel)]
-    if roles.critic and roles.critic_shares_actor:
-        trained.append(("critic", roles.critic_parallel))  # same architecture as the actor
-    for key, (tp, pp) in trained:
-        for name, value in shapes.items():
-            check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)
-        check_divides(errors, f"{key}.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers", layers)
+    for name, value in shapes.items():
+        check_divides(errors, f"{key}.megatron.tensor_model_parallel_size", tp, name, value)
+    check_divides(errors, f"{key}.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers",
+                  hf.get("num_hidden_layers"))
+    return errors
+
+
+def model_shape_errors(cfg, roles: ModelRoles, hf: dict) -> list[str]:
+    """Megatron's splits of the trained models (megatron_shape_errors); vLLM splits heads and the MLP,
+    and needs kv heads and its TP to divide one another; the sequence lengths fit the model."""
+    arr, errors = cfg.actor_rollout_ref, megatron_shape_errors(f"{ARR}.actor", *roles.actor_parallel, hf)
+    if roles.critic and roles.critic_shares_actor:  # same architecture as the actor
+        errors += megatron_shape_errors("critic", *roles.critic_parallel, hf)
+    heads = hf.get("num_attention_heads")
     rtp, rkey = arr.rollout.tensor_model_parallel_size, f"{ARR}.rollout.tensor_model_parallel_size"
     check_divides(errors, rkey, rtp, "num_attention_heads", heads)
-    check_divides(errors, rkey, rtp, "intermediate_size", shapes["intermediate_size"])
-    kv = shapes["num_key_value_heads"]
+    check_divides(errors, rkey, rtp, "intermediate_size", hf.get("intermediate_size"))
+    kv = hf.get("num_key_value_heads", heads)
     if kv and kv % rtp and rtp % kv:
         errors.append(f"{rkey}={rtp} and the model's num_key_value_heads={kv} must divide one "
                       "another (vLLM replicates or splits kv heads): change the rollout tp")

@@ -23,11 +23,12 @@ from hybridflow.config.ranges import name_errors, tree_range_errors
 from hybridflow.config.resolve import resolve_sft
 from hybridflow.config.rules import fsdp_size_error, lora_strategy_errors
 from hybridflow.config.trainer import RayInitConfig, TrainerConfig
+from hybridflow.config.validate import logger_errors, sizes_error, unused_megatron_error
 from hybridflow.config.verl_compat import (
     SFT_INERT_KEYS, apply_sft_names, convert_sft_micro_batch_size, resolve_resume_mode,
 )
-from hybridflow.host_checks import hub_id_hint, writable_folder_error
-from hybridflow.model_checks import check_divides, read_model_config
+from hybridflow.host_checks import data_file_errors, device_errors, hub_id_hint, output_folder_errors
+from hybridflow.model_checks import megatron_shape_errors, read_model_config
 from hybridflow.model_files import model_folder_errors
 
 
@@ -135,26 +136,17 @@ def load_sft_config(cfg: Any, *, base_dir: str | None = None) -> SFTConfig:
 
 def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
                  model_config: dict | None = None, check_paths: bool = True) -> None:
-    """Raise ConfigError (one line, every problem) if the SFT run cannot start."""
-    # imported here, not at the top: the loggers' modules stay out of ``import hybridflow.config``
-    from hybridflow.tracking.tracker import backend_import_errors
-
+    """Raise ConfigError (one line, every problem) if the SFT run cannot start; as ``validate``."""
     d, m, t = cfg.data, cfg.model, cfg.trainer
-    errors = (tree_range_errors(cfg) + name_errors(cfg) + backend_import_errors(t.logger)
+    errors = (tree_range_errors(cfg) + name_errors(cfg) + logger_errors(t.logger)
               + lora_strategy_errors("model", m.lora_rank, "model.strategy", m.strategy))
     if errors:  # the checks below divide by these values
         raise ConfigError("; ".join(errors))
-
     world = t.nnodes * t.n_gpus_per_node
     tp, pp = model_parallel(m.strategy, m.megatron)
-    mega = m.megatron
-    if m.strategy != "megatron" and (mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size) != (1, 1):
-        errors.append("model.megatron.* sizes only apply to model.strategy=megatron: set "
-                      "model.strategy=megatron or both sizes to 1")
-    elif world % (tp * pp):
-        errors.append(f"model.megatron: {world} workers cannot be split into tp*pp={tp * pp} groups "
-                      "evenly: change the sizes or trainer.n_gpus_per_node")
-    else:
+    errors = [unused_megatron_error("model", m) or sizes_error("model.megatron (tensor x pipeline parallel)", world,
+                                                               "tp*pp", tp * pp)]
+    if not errors[0]:
         dp = world // (tp * pp)
         errors += [fsdp_size_error("model", m.strategy, m.fsdp_config.fsdp_size, world),
                    convert_sft_micro_batch_size(d, dp)]
@@ -162,44 +154,23 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
             errors.append(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
                           f"data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} x {dp} "
                           "data-parallel workers")
-    errors = [e for e in errors if e]
     if check_paths:
         # a corrupt config.json is named here, not read below
-        files = (model_folder_errors("model.path", m.path)
-                 + model_folder_errors("model.tokenizer_path", m.tokenizer_path))
-        errors += _sft_path_errors(cfg) + files
+        files = model_folder_errors("model.path", m.path) + model_folder_errors("model.tokenizer_path", m.tokenizer_path)
+        errors += data_file_errors(d)
+        if not os.path.isfile(os.path.join(m.path, "config.json")):
+            errors.append(f"model.path: {m.path} is not an HF checkpoint directory (no config.json): fix the "
+                          f"path{hub_id_hint(m.path)}")
+        errors += output_folder_errors(t, ["default_local_dir"]) + files
         if model_config is None and not files:
             model_config = read_model_config(m.path)
     if model_config is not None:
-        for name in ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size"):
-            check_divides(errors, "model.megatron.tensor_model_parallel_size", tp, name, model_config.get(name))
-        check_divides(errors, "model.megatron.pipeline_model_parallel_size", pp, "num_hidden_layers",
-                      model_config.get("num_hidden_layers"))
+        errors += megatron_shape_errors("model", tp, pp, model_config)
         max_pos = model_config.get("max_position_embeddings")
         if max_pos is not None and d.max_length > max_pos:
             errors.append(f"data.max_length={d.max_length} exceeds the model's "
                           f"max_position_embeddings={max_pos}: lower it")
-    if available_slots is not None and world > available_slots:
-        errors.append(f"the run needs {world} workers (trainer.nnodes*trainer.n_gpus_per_node) but "
-                      f"only {available_slots} slots are available: lower trainer.n_gpus_per_node")
-    if t.device == "cuda":
-        from hybridflow.device import device_count  # torch: only when a GPU is asked for
-
-        if device_count() == 0:
-            errors.append("trainer.device=cuda but no GPU is visible: use trainer.device=auto or cpu")
+    errors += device_errors(t, cfg.ray_init.address, available_slots)
+    errors = [e for e in errors if e]
     if errors:
         raise ConfigError("; ".join(errors))
-
-
-def _sft_path_errors(cfg: SFTConfig) -> list[str]:
-    d, path, out = cfg.data, cfg.model.path, cfg.trainer.default_local_dir
-    errors = [] if d.train_files else ["data.train_files is empty: give at least one parquet/jsonl file"]
-    errors += [f"data.{k}[{i}]: {p} is not an existing file: fix the path"
-               for k in ("train_files", "val_files") for i, p in enumerate(getattr(d, k)) if not os.path.isfile(p)]
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        errors.append(f"model.path: {path} is not an HF checkpoint directory (no config.json): fix the "
-                      f"path{hub_id_hint(path)}")
-    problem = writable_folder_error(out, keep=False)  # a bad one fails before Ray
-    if problem:
-        errors.append(f"trainer.default_local_dir: cannot write to {out} ({problem}): use a writable folder")
-    return errors

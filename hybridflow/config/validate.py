@@ -21,7 +21,7 @@ from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_errors,
 )
 from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
-from hybridflow.host_checks import device_errors, path_error, writable_folder_error
+from hybridflow.host_checks import data_file_errors, device_errors, output_folder_errors, path_error
 from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, read_model_config
 from hybridflow.model_overrides import external_lib_error
 
@@ -63,7 +63,11 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
             model_config = read_model_config(cfg.actor_rollout_ref.model.path)
     if model_config is not None:
         errors += model_config_errors(cfg, model_roles(cfg), model_config)
-    errors += device_errors(cfg, available_slots, reward_pool_world(cfg))
+    t = cfg.trainer
+    pools = [("trainer.nnodes*trainer.separate_pool_gpus_per_node",
+              t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0),
+             ("reward_model.nnodes*reward_model.n_gpus_per_node", reward_pool_world(cfg))]
+    errors += device_errors(t, cfg.ray_init.address, available_slots, pools)
     if errors:
         raise ConfigError("; ".join(errors))
     _warn_odd_settings(cfg)
@@ -81,14 +85,21 @@ def lora_errors(cfg: RootConfig) -> list[str]:
             + lora_strategy_errors("critic.model", c.model.lora_rank, "critic.strategy", c.strategy))
 
 
-def name_errors(cfg: RootConfig) -> list[str]:
-    """Names outside their fields' choices (the registries that implement them), and the logger list."""
+def logger_errors(loggers: list[str]) -> list[str]:
+    """trainer.logger of either recipe: each logger's package imports, none listed twice."""
+    # imported here: the loggers' modules stay out of ``import hybridflow.config``
     from hybridflow.tracking.tracker import backend_import_errors
 
-    a, t = cfg.actor_rollout_ref.actor, cfg.trainer
-    errors = declared_name_errors(cfg) + backend_import_errors(t.logger)
-    if len(set(t.logger)) != len(t.logger):
-        errors.append(f"trainer.logger={t.logger} lists a logger twice: list each once")
+    errors = backend_import_errors(loggers)
+    if len(set(loggers)) != len(loggers):
+        errors.append(f"trainer.logger={loggers} lists a logger twice: list each once")
+    return errors
+
+
+def name_errors(cfg: RootConfig) -> list[str]:
+    """Names outside their fields' choices (the registries that implement them), and the logger list."""
+    a = cfg.actor_rollout_ref.actor
+    errors = declared_name_errors(cfg) + logger_errors(cfg.trainer.logger)
     ref_strategy = cfg.actor_rollout_ref.ref.strategy
     if ref_strategy is not None and ref_strategy != a.strategy:
         errors.append(f"{ARR}.ref.strategy={ref_strategy} differs from {ARR}.actor.strategy={a.strategy}: the "
@@ -139,7 +150,7 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
     ] if wrong]
 
 
-def _sizes_error(key: str, world: int, what: str, size: int) -> str | None:
+def sizes_error(key: str, world: int, what: str, size: int) -> str | None:
     if world % size:
         divisors = [d for d in range(1, world + 1) if world % d == 0]
         return (f"{key}: {world} workers cannot be split into {what}={size} groups evenly: "
@@ -152,20 +163,15 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     the 3D-HybridEngine regroups each training TP group into micro-DP generation groups)."""
     arr, t = cfg.actor_rollout_ref, cfg.trainer
     world = t.nnodes * t.n_gpus_per_node
-    errors = []
-    for role, key in ((arr.actor, f"{ARR}.actor"), (cfg.critic, "critic")):
-        if role.strategy != "megatron" and (role.megatron.tensor_model_parallel_size != 1
-                                            or role.megatron.pipeline_model_parallel_size != 1):
-            errors.append(f"{key}.megatron.* sizes only apply to {key}.strategy=megatron (it is "
-                          f"{role.strategy}, data-parallel only): set {key}.strategy=megatron or "
-                          "both sizes to 1")
+    errors = [e for e in (unused_megatron_error(f"{ARR}.actor", arr.actor), unused_megatron_error("critic", cfg.critic))
+              if e]
     if errors:
         return errors
     tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
-    errors.append(_sizes_error(f"{ARR}.actor.megatron (tensor x pipeline parallel)", world,
+    errors.append(sizes_error(f"{ARR}.actor.megatron (tensor x pipeline parallel)", world,
                                "tp*pp", tp * pp))
     rtp = arr.rollout.tensor_model_parallel_size
-    errors.append(_sizes_error(f"{ARR}.rollout.tensor_model_parallel_size", world, "tp", rtp))
+    errors.append(sizes_error(f"{ARR}.rollout.tensor_model_parallel_size", world, "tp", rtp))
     if arr.actor.strategy == "megatron" and tp % rtp:
         errors.append(f"{ARR}.rollout.tensor_model_parallel_size={rtp} must divide "
                       f"{ARR}.actor.megatron.tensor_model_parallel_size={tp} (the hybrid engine "
@@ -181,7 +187,7 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     side_world = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else world
     if needs_critic(cfg):
         ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
-        errors.append(_sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
+        errors.append(sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
                                    "tp*pp", ctp * cpp))
         # megatron-core's parallel_state is per process, and colocated roles share a process.
         if (t.placement == "colocate" and arr.actor.strategy == cfg.critic.strategy == "megatron"
@@ -196,6 +202,15 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
         errors += [fsdp_size_error(prefix, strategy, fsdp.fsdp_size, size),
                    trained and replicated_offload_error(prefix, strategy, fsdp, size)]
     return [e for e in errors if e]
+
+
+def unused_megatron_error(key: str, role) -> str | None:
+    """Megatron sizes on a role of another strategy, of either recipe (``key``: the role's section)."""
+    if role.strategy != "megatron" and (role.megatron.tensor_model_parallel_size,
+                                        role.megatron.pipeline_model_parallel_size) != (1, 1):
+        return (f"{key}.megatron.* sizes only apply to {key}.strategy=megatron (it is {role.strategy}, "
+                f"data-parallel only): set {key}.strategy=megatron or both sizes to 1")
+    return None
 
 
 def replicated_offload_error(prefix: str, strategy: str, fsdp_config, world: int) -> str | None:
@@ -271,17 +286,11 @@ def token_budget_errors(cfg: RootConfig) -> list[str]:
 
 def path_errors(cfg: RootConfig) -> list[str]:
     """Every file and folder the run reads or writes, against the disk."""
-    arr, errors = cfg.actor_rollout_ref, []
+    arr, errors = cfg.actor_rollout_ref, data_file_errors(cfg.data)
 
     def need(key: str, path: str | None, kind: str) -> None:
         errors.append(None if path is None else path_error(key, path, kind))
 
-    if not cfg.data.train_files:
-        errors.append("data.train_files is empty: give at least one parquet/jsonl file")
-    for i, path in enumerate(cfg.data.train_files):
-        need(f"data.train_files[{i}]", path, "file")
-    for i, path in enumerate(cfg.data.val_files):
-        need(f"data.val_files[{i}]", path, "file")
     if not cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
         errors.append("data.val_files is empty but validation is on: give val files or set "
                       "trainer.test_freq=-1 and trainer.val_before_train=false")
@@ -298,13 +307,7 @@ def path_errors(cfg: RootConfig) -> list[str]:
     need("custom_reward_function.path", cfg.custom_reward_function.path, "file")
     if cfg.trainer.resume_mode not in RESUME_MODES:
         need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
-    for key in ("default_local_dir", "rollout_data_dir", "validation_data_dir"):  # created here: a bad one fails now
-        folder = getattr(cfg.trainer, key)
-        # the run's own folder is left as it was: a config check (or a test) must not create it
-        problem = folder is not None and writable_folder_error(folder, keep=key != "default_local_dir")
-        if problem:
-            fix = "a writable folder" if key == "default_local_dir" else "a writable folder or null"
-            errors.append(f"trainer.{key}: cannot write to {folder} ({problem}): use {fix}")
+    errors += output_folder_errors(cfg.trainer, ("default_local_dir", "rollout_data_dir", "validation_data_dir"))
     return [e for e in errors if e]
 
 
