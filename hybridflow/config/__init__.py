@@ -12,8 +12,7 @@ from hybridflow.config.keys import dotted_keys
 from hybridflow.config.load import load_config
 from hybridflow.config.root import RootConfig
 from hybridflow.config.validate import validate
-# read through this package, which loads it first: hybridflow.model_checks (and model_files) import
-# hybridflow.config, whose validate imports them back, so neither can be the first module a process loads
 from hybridflow.model_checks import read_model_config
 
-__all__ = ["ConfigError", "Derived", "RootConfig", "derive", "dotted_keys", "load_config", "read_model_config", "validate"]
+__all__ = ["ConfigError", "Derived", "RootConfig", "derive", "dotted_keys", "load_config", "read_model_config",
+           "validate"]

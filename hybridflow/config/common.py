@@ -59,8 +59,7 @@ class CheckpointContents:
 class FSDPConfig:  # read by workers/engines/fsdp_layout.py and offload.py
     fsdp_size: int | str = key("auto", "ranks sharing one copy: -1 all (FSDP) | 1 replicate (DDP) | k (HSDP) | "
                                        "auto: 1 on CPU if it fits, else -1")
-    forward_prefetch: bool = key(True, "sharded, CPU: gather each layer's parameters one layer ahead "
-                                       "(overlaps compute)")
+    forward_prefetch: bool = key(True, "sharded, CPU: gather each layer's parameters a layer ahead (overlaps compute)")
     reshard_after_forward: bool = key(True, "sharded: false gathers each layer once per engine call and keeps "
                                             "it (faster, full params per rank)")
     param_offload: bool = key(False, "GPU: parameters rest in host memory between engine calls")

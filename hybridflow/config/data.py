@@ -9,8 +9,7 @@ from hybridflow.config.keys import MAX_SAMPLES, OPTIONAL_POSITIVE, POSITIVE, Ran
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = key(["data/arithmetic/train.parquet"], "parquet or jsonl files, verl's schema",
-                                 path=True)
+    train_files: list[str] = key(["data/arithmetic/train.parquet"], "parquet or jsonl files, verl's schema", path=True)
     val_files: list[str] = key(["data/arithmetic/val.parquet"], "validation files", path=True)
     prompt_key: str = key("prompt", "the prompt column", Range(bool, "a column name"))
     reward_fn_key: str = key("data_source", "the column that picks the reward function (passed as data_source)")

@@ -25,8 +25,7 @@ def canonical_strategy(name):
 
 
 def reward_pool_world(cfg: RootConfig) -> int:
-    """Workers of the reward model's own pool (verl's ``reward_model.enable_resource_pool``); 0 when
-    it shares a pool with other roles."""
+    """Workers of the reward model's own pool (``reward_model.enable_resource_pool``), else 0."""
     rm = cfg.reward_model
     return rm.nnodes * rm.n_gpus_per_node if rm.enable and rm.enable_resource_pool else 0
 
@@ -44,8 +43,8 @@ def critic_shares_actor_model(cfg: RootConfig) -> bool:
 
 
 def critic_external_lib(cfg: RootConfig) -> str | None:
-    """``critic.model.external_lib``, or else the actor's, as in verl (a critic of its own
-    checkpoint is usually of the actor's architecture, which the module registers)."""
+    """``critic.model.external_lib``, or else the actor's, as in verl (a critic's own checkpoint is
+    usually of the actor's architecture, which that module registers)."""
     return cfg.critic.model.external_lib or cfg.actor_rollout_ref.model.external_lib
 
 
@@ -101,10 +100,8 @@ def warmup_steps(optim, total_optimizer_steps: int | None) -> int | None:
 
 
 def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
-    """Derived sizes; assumes ``validate(cfg)`` passed (divisions are exact there).
-
-    ``dataset_len`` is the number of training prompts after filtering; the loader drops the last
-    partial batch, so an epoch is ``dataset_len // train_batch_size`` steps. A config built in code
+    """Derived sizes; assumes ``validate(cfg)`` passed (divisions are exact there). ``dataset_len``:
+    training prompts after filtering (the loader drops the last partial batch). A config built in code
     rather than by ``load_config`` has its ``auto`` values resolved here (a loaded one has none left).
     """
     resolve(cfg)

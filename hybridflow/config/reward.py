@@ -36,8 +36,7 @@ class RewardModelConfig:
     micro_batch_size: int | None = key(None, DEPRECATED_GLOBAL)
     launch_reward_fn_async: bool = key(False, "score in a Ray process of its own while the workers compute "
                                               "log-probs and values")
-    enable_resource_pool: bool = key(False, "true: the reward model gets a pool of its own, nnodes x "
-                                            "n_gpus_per_node slots")
+    enable_resource_pool: bool = key(False, "true: the reward model gets its own pool, nnodes x n_gpus_per_node slots")
     n_gpus_per_node: int = key(0, "with enable_resource_pool: slots per node (a positive integer)")
     nnodes: int = key(0, "with enable_resource_pool: nodes (a positive integer)")
 

@@ -22,8 +22,7 @@ class RootConfig:
                                                                             "generation, reference")
     critic: CriticConfig = key(CriticConfig(), "the value model (gae)")
     reward_model: RewardModelConfig = key(RewardModelConfig(), "reward model and reward manager")
-    custom_reward_function: CustomRewardFunctionConfig = key(CustomRewardFunctionConfig(), "a user's reward "
-                                                                                           "function")
+    custom_reward_function: CustomRewardFunctionConfig = key(CustomRewardFunctionConfig(), "a user's reward function")
     algorithm: AlgorithmConfig = key(AlgorithmConfig(), "advantages and KL")
     trainer: TrainerConfig = key(TrainerConfig(), "the loop, outputs and resources")
     ray_init: RayInitConfig = key(RayInitConfig(), "Ray's start")

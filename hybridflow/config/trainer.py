@@ -20,8 +20,7 @@ class TrainerConfig:
     val_before_train: bool = key(True, "validate before the first step")
     balance_batch: bool = key(True, "even the tokens per data-parallel rank (a prompt's samples stay together)")
     val_only: bool = key(False, "validate the model (or the checkpoint resumed) and stop")
-    log_val_generations: int = key(0, "validation samples written as text per validation (val_generations.jsonl)",
-                                   NON_NEGATIVE)
+    log_val_generations: int = key(0, "samples of each validation written to val_generations.jsonl", NON_NEGATIVE)
     critic_warmup: int = key(0, "the actor's first update is at step critic_warmup (verl's count: k-1 critic-only "
                                 "steps; 0 and 1 both train the actor from step 1)", NON_NEGATIVE)
     default_local_dir: str = key("checkpoints/hybridflow/demo", "the run's folder: checkpoints, logs, metrics",
@@ -59,7 +58,6 @@ class RayInitConfig:
 
 @dataclass
 class RayKwargsConfig:
-    ray_init: RayInitConfig = key(RayInitConfig(), "verl's newer home of ray_init; a value set here is used "
-                                                   "for ray_init's")
+    ray_init: RayInitConfig = key(RayInitConfig(), "verl's newer home of ray_init; a value set here fills ray_init's")
     timeline_json_file: str | None = key(None, "a Chrome trace of every Ray task and actor call, written when "
                                                "the run ends", path=True)
