@@ -10,9 +10,10 @@ import re
 import tempfile
 
 
-def path_error(key: str, path: str, kind: str) -> str | None:
-    """Why ``path`` is not an existing ``kind`` ("file" or "dir"), as an error naming ``key``."""
-    if os.path.isdir(path) if kind == "dir" else os.path.isfile(path):
+def path_error(key: str, path: str | None, kind: str) -> str | None:
+    """Why ``path`` is not an existing ``kind`` ("file" or "dir"), as an error naming ``key``; None
+    also when it is unset (None)."""
+    if path is None or (os.path.isdir(path) if kind == "dir" else os.path.isfile(path)):
         return None
     return (f"{key}: {path} is not an existing {'directory' if kind == 'dir' else 'file'}"
             f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}"

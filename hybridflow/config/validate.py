@@ -1,9 +1,6 @@
 """Every check a run needs before any worker (or Ray) starts; one line per problem, all at once.
-
-Order matters: value ranges and names first (the arithmetic below divides by them), then
-parallel sizes and batch divisibility (verl's rules), then the model's shapes, files on disk and
-the devices at hand. Each message names the key(s) and says how to fix them.
-"""
+Order matters: value ranges and names first (the arithmetic below divides by them), then parallel
+sizes and batch divisibility (verl's rules), then the model's shapes, files on disk and devices."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +19,7 @@ from hybridflow.config.rules import (
 )
 from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
 from hybridflow.host_checks import data_file_errors, device_errors, output_folder_errors, path_error
-from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, read_model_config
+from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, model_folders, read_model_config
 from hybridflow.model_overrides import external_lib_error
 
 logger = logging.getLogger(__name__)
@@ -30,13 +27,10 @@ logger = logging.getLogger(__name__)
 
 def validate(cfg: RootConfig, *, available_slots: int | None = None,
              model_config: dict | None = None, check_paths: bool = True) -> None:
-    """Raise :class:`ConfigError` (one line, every problem found) if ``cfg`` cannot run.
-
-    ``available_slots``: worker slots the cluster offers (GPUs, or CPU slots); None skips that
-    check. ``model_config``: the actor model's HF ``config.json`` as a dict; None reads it from
-    ``actor_rollout_ref.model.path`` when that exists. ``check_paths=False`` skips the file
-    checks (a dry run before the demo data is built). Logs warnings for legal but odd settings.
-    """
+    """Raise :class:`ConfigError` (one line, every problem found) if ``cfg`` cannot run; log a warning
+    for each legal but odd setting. ``available_slots``: worker slots the cluster offers (None: not
+    checked). ``model_config``: the actor's ``config.json`` (None: read from its model.path).
+    ``check_paths=False`` skips the file checks (a dry run before the demo data is built)."""
     # first: the actor's external_lib may register names checked below (an advantage estimator, a
     # policy loss) as well as its model_type
     lib_error = external_lib_error(f"{ARR}.model.external_lib", cfg.actor_rollout_ref.model.external_lib)
@@ -168,8 +162,7 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     if errors:
         return errors
     tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
-    errors.append(sizes_error(f"{ARR}.actor.megatron (tensor x pipeline parallel)", world,
-                               "tp*pp", tp * pp))
+    errors.append(sizes_error(f"{ARR}.actor.megatron (tensor x pipeline parallel)", world, "tp*pp", tp * pp))
     rtp = arr.rollout.tensor_model_parallel_size
     errors.append(sizes_error(f"{ARR}.rollout.tensor_model_parallel_size", world, "tp", rtp))
     if arr.actor.strategy == "megatron" and tp % rtp:
@@ -187,8 +180,7 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     side_world = t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else world
     if needs_critic(cfg):
         ctp, cpp = model_parallel(cfg.critic.strategy, cfg.critic.megatron)
-        errors.append(sizes_error("critic.megatron (tensor x pipeline parallel)", side_world,
-                                   "tp*pp", ctp * cpp))
+        errors.append(sizes_error("critic.megatron (tensor x pipeline parallel)", side_world, "tp*pp", ctp * cpp))
         # megatron-core's parallel_state is per process, and colocated roles share a process.
         if (t.placement == "colocate" and arr.actor.strategy == cfg.critic.strategy == "megatron"
                 and (ctp, cpp) != (tp, pp)):
@@ -214,9 +206,8 @@ def unused_megatron_error(key: str, role) -> str | None:
 
 
 def replicated_offload_error(prefix: str, strategy: str, fsdp_config, world: int) -> str | None:
-    """A trained FSDP role with fsdp_size=1 on several workers is DDP, whose gradient buckets stay
-    on the device: its parameters cannot rest in host memory (the engine refuses; say it here,
-    before Ray). A frozen reference has no buckets, so the check is for trained roles only."""
+    """A trained FSDP role with fsdp_size=1 on several workers is DDP, whose gradient buckets stay on
+    the device: its parameters cannot rest in host memory (the engine refuses; say it before Ray)."""
     if strategy == "fsdp" and fsdp_config.fsdp_size == 1 and world > 1 and fsdp_config.param_offload:
         return (f"{prefix}.fsdp_config.param_offload=true needs sharded parameters, but fsdp_size=1 makes "
                 f"each of the {world} workers hold the whole model (DDP): set {prefix}.fsdp_config.fsdp_size=-1 "
@@ -246,9 +237,8 @@ def _minibatch_errors(prefix: str, mini: int, mini_key: str, micro: int, micro_k
 
 
 def batch_errors(cfg: RootConfig) -> list[str]:
-    """verl's rules: mini-batches tile the step's prompts, each mini-batch's sequences tile the
-    data-parallel ranks, micro-batches tile each rank's share (so train_batch_size * n is also
-    divisible by dp); a micro-batch size above a rank's share means one micro-batch."""
+    """verl's rules: mini-batches tile the step's prompts, each mini-batch's sequences the data-parallel
+    ranks, micro-batches each rank's share (a micro-batch size above that share means one)."""
     d, arr, c = derive(cfg), cfg.actor_rollout_ref, cfg.critic
     roles = [("actor", f"{ARR}.actor", arr.actor, arr.actor.ppo_mini_batch_size, "", d.actor_dp)]
     if d.use_critic:
@@ -286,28 +276,18 @@ def token_budget_errors(cfg: RootConfig) -> list[str]:
 
 def path_errors(cfg: RootConfig) -> list[str]:
     """Every file and folder the run reads or writes, against the disk."""
-    arr, errors = cfg.actor_rollout_ref, data_file_errors(cfg.data)
-
-    def need(key: str, path: str | None, kind: str) -> None:
-        errors.append(None if path is None else path_error(key, path, kind))
-
-    if not cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
+    data, t, model = cfg.data, cfg.trainer, cfg.actor_rollout_ref.model
+    errors = data_file_errors(data)
+    if not data.val_files and (t.test_freq > 0 or t.val_before_train):
         errors.append("data.val_files is empty but validation is on: give val files or set "
                       "trainer.test_freq=-1 and trainer.val_before_train=false")
-    need(f"{ARR}.model.path", arr.model.path, "dir")
-    if os.path.isdir(arr.model.path) and not os.path.isfile(os.path.join(arr.model.path, "config.json")):
-        errors.append(f"{ARR}.model.path: {arr.model.path} has no config.json: point it at an HF "
-                      "checkpoint directory")
-    need(f"{ARR}.model.tokenizer_path", arr.model.tokenizer_path, "dir")
-    if needs_critic(cfg):
-        need("critic.model.path", cfg.critic.model.path, "dir")
-        need("critic.model.tokenizer_path", cfg.critic.model.tokenizer_path, "dir")
-    if cfg.reward_model.enable:
-        need("reward_model.model.path", cfg.reward_model.model.path, "dir")
-    need("custom_reward_function.path", cfg.custom_reward_function.path, "file")
-    if cfg.trainer.resume_mode not in RESUME_MODES:
-        need("trainer.resume_mode", cfg.trainer.resume_mode, "dir")
-    errors += output_folder_errors(cfg.trainer, ("default_local_dir", "rollout_data_dir", "validation_data_dir"))
+    errors += [path_error(key, folder, "dir") for key, folder in model_folders(cfg, needs_critic(cfg))]
+    if os.path.isdir(model.path) and not os.path.isfile(os.path.join(model.path, "config.json")):
+        errors.append(f"{ARR}.model.path: {model.path} has no config.json: point it at an HF checkpoint directory")
+    errors.append(path_error("custom_reward_function.path", cfg.custom_reward_function.path, "file"))
+    if t.resume_mode not in RESUME_MODES:
+        errors.append(path_error("trainer.resume_mode", t.resume_mode, "dir"))
+    errors += output_folder_errors(t, ("default_local_dir", "rollout_data_dir", "validation_data_dir"))
     return [e for e in errors if e]
 
 
