@@ -2,14 +2,18 @@
 
 The recipes' YAML files (``recipes/config/*.yaml``) start from ``defaults: [base, _self_]`` and
 change only what makes them differ. ``base`` (every key of an RL run with its default) and
-``sft`` are not files: they are built from the config dataclasses (``keys.composed_tree``) and
+``sft`` are not files: they are built from the config dataclasses (:func:`composed_tree`) and
 put in Hydra's ConfigStore, so each key is declared once, on its field.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -17,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.keys import composed_tree, dataclass_in, dotted_keys, mapping_keys, walk
+from hybridflow.config.keys import dataclass_in, dotted_keys, walk
 from hybridflow.config.load import to_dataclass, unknown_key_message
 from hybridflow.config.root import RootConfig
 from hybridflow.config.sft import SFTConfig
@@ -38,6 +42,27 @@ def config_names(folder: str = RECIPES_CONFIG_DIR) -> list[str]:
     return sorted({*(p.stem for p in Path(folder).glob("*.yaml")), *STORED_CONFIGS})
 
 
+def composed_tree(node: Any) -> dict:
+    """The recipes' base config: every key of a config instance with its value (a field's
+    ``composed`` value where it has one), as plain data for Hydra."""
+    tree = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            tree[f.name] = composed_tree(value)
+        else:
+            composed = f.metadata.get("composed")
+            tree[f.name] = copy.deepcopy(value) if composed is None else composed
+    return tree
+
+
+def mapping_keys(cls: type) -> list[str]:
+    """Dotted keys of the dict-typed fields (``reward_kwargs``, ``engine_kwargs.vllm``): their own
+    keys are the user's, so no schema lists them."""
+    return [dotted for dotted, _, tp in walk(cls)
+            if any(typing.get_origin(t) is dict for t in (tp, *typing.get_args(tp)))]
+
+
 def _store_configs() -> None:
     for name, schema in STORED_CONFIGS.items():
         ConfigStore.instance().store(name=name, node={**composed_tree(schema()), "hydra": HYDRA_NODE})
@@ -47,7 +72,7 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
                    schema: type = RootConfig):
     """Hydra's compose API with verl-style errors: an override of a key that does not exist
     raises :class:`ConfigError` naming it and the closest valid key (Hydra's own message only
-    suggests ``+key=``), or, for a new key under a free-form mapping (:func:`keys.mapping_keys`),
+    suggests ``+key=``), or, for a new key under a free-form mapping (:func:`mapping_keys`),
     the ``+key=value`` override that adds it. Returns the composed DictConfig; pass it to
     :func:`load_config`."""
     folder = config_dir or RECIPES_CONFIG_DIR
@@ -55,7 +80,8 @@ def compose_config(config_name: str, overrides: Iterable[str] = (), *, config_di
     if name not in config_names(folder):
         hint = VERL_CONFIG_NAMES.get(name)
         raise ConfigError(f"--config-name {config_name}: no such config in {folder}: use one of "
-                          f"{', '.join(config_names(folder))}" + (f" (verl's {config_name} is {hint} here)" if hint else ""))
+                          f"{', '.join(config_names(folder))}"
+                          + (f" (verl's {config_name} is {hint} here)" if hint else ""))
     _store_configs()
     # verl's inert keys are not in the base config: let Hydra add them ("++" adds or replaces)
     inert = inert_keys(schema)

@@ -81,26 +81,5 @@ def dotted_keys(cls: type) -> list[str]:
     return [dotted for dotted, _, _ in walk(cls)]
 
 
-def mapping_keys(cls: type) -> list[str]:
-    """Dotted keys of the dict-typed fields (``reward_kwargs``, ``engine_kwargs.vllm``): their own
-    keys are the user's, so no schema lists them."""
-    return [dotted for dotted, _, tp in walk(cls)
-            if any(typing.get_origin(t) is dict for t in (tp, *typing.get_args(tp)))]
-
-
-def composed_tree(node: Any) -> dict:
-    """The recipes' base config: every key of a config instance with its value (a field's
-    ``composed`` value where it has one), as plain data for Hydra."""
-    tree = {}
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            tree[f.name] = composed_tree(value)
-        else:
-            composed = f.metadata.get("composed")
-            tree[f.name] = copy.deepcopy(value) if composed is None else composed
-    return tree
-
-
 def absolute_path(path: str, base_dir: str | None) -> str:
     return os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(path)))
