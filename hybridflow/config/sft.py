@@ -144,9 +144,10 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
         raise ConfigError("; ".join(errors))
     world = t.nnodes * t.n_gpus_per_node
     tp, pp = model_parallel(m.strategy, m.megatron)
-    errors = [unused_megatron_error("model", m) or sizes_error("model.megatron (tensor x pipeline parallel)", world,
-                                                               "tp*pp", tp * pp)]
-    if not errors[0]:
+    layout = unused_megatron_error("model", m) or sizes_error("model.megatron (tensor x pipeline parallel)", world,
+                                                             "tp*pp", tp * pp)
+    errors = [layout]
+    if not layout:  # the batch rule divides by the data-parallel size
         dp = world // (tp * pp)
         errors += [fsdp_size_error("model", m.strategy, m.fsdp_config.fsdp_size, world),
                    convert_sft_micro_batch_size(d, dp)]
@@ -156,7 +157,8 @@ def validate_sft(cfg: SFTConfig, *, available_slots: int | None = None,
                           "data-parallel workers")
     if check_paths:
         # a corrupt config.json is named here, not read below
-        files = model_folder_errors("model.path", m.path) + model_folder_errors("model.tokenizer_path", m.tokenizer_path)
+        files = model_folder_errors("model.path", m.path)
+        files += model_folder_errors("model.tokenizer_path", m.tokenizer_path)
         errors += data_file_errors(d)
         if not os.path.isfile(os.path.join(m.path, "config.json")):
             errors.append(f"model.path: {m.path} is not an HF checkpoint directory (no config.json): fix the "
