@@ -31,7 +31,6 @@ class ModelConfig(LoraKeys):
     override_config: dict[str, Any] = key({}, "HF config attributes to replace, e.g. "
                                               "+actor_rollout_ref.model.override_config.attention_dropout=0.0")
     external_lib: str | None = key(None, "a module imported (driver and workers) before any model loads")
-    use_liger: bool = key(False, "only false (no Liger kernels)")
     use_fused_kernels: bool = key(False, "only false")
     trust_remote_code: bool = key(False, "only false: Llama/Qwen2-family models load without remote code")
 
@@ -77,7 +76,6 @@ class ActorConfig:
                            choices=PARAM_DTYPES)
     grad_clip: float | None = key(None, "verl's max grad norm key; null: optim.clip_grad")
     ulysses_sequence_parallel_size: int = key(1, "only 1: no sequence parallelism")
-    use_torch_compile: bool = key(True, "no effect: the engines run eager (accepted so verl scripts run)")
     checkpoint: CheckpointContents = key(CheckpointContents(), "what a checkpoint holds")
     optim: OptimConfig = key(OptimConfig(lr=1e-6), "the actor's optimizer")
     fsdp_config: FSDPConfig = key(FSDPConfig(), "only with strategy=fsdp")

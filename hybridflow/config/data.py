@@ -27,7 +27,5 @@ class DataConfig:
                                                  "true: plain-string prompts too")
     apply_chat_template_kwargs: dict[str, Any] = key({}, "the template's variables, e.g. "
                                                          "+data.apply_chat_template_kwargs.enable_thinking=false")
-    dataloader_num_workers: int = key(0, "no effect: prompts are tokenized once at start-up, the loader indexes")
     shuffle: bool = key(True, "shuffle the prompts each epoch")
     seed: int = key(0, "the shuffle's seed")
-    return_raw_chat: bool = key(False, "no effect: rows always carry their raw chat (raw_prompt)")

@@ -20,7 +20,6 @@ class OverlongBufferConfig:
     enable: bool = key(False, "penalise responses that run into the last len tokens")
     len: int = key(4096, "the penalty grows over the last len tokens before data.max_response_length")
     penalty_factor: float = key(1.0, "the penalty at the maximum length")
-    log: bool = key(False, "verl's switch; reward/overlong_* metrics are always logged")
 
 
 @dataclass

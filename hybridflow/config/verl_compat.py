@@ -23,6 +23,7 @@ RESUME_MODES = ("auto", "disable")
 ANY, OFF, NULL = None, (False,), (None,)
 SPEED, MEMORY = "speed only", "memory only"
 NO_REMOTE_CODE = "remote model code is never run"
+NO_LIGER = (OFF, "Liger kernels are not used (the models run transformers' and megatron-core's own layers)")
 LONG_SEQUENCES = "long sequences: use_remove_padding, use_dynamic_bsz, or strategy=megatron with tensor parallelism"
 ULYSSES = ((1,), f"Ulysses sequence parallelism is not implemented ({LONG_SEQUENCES})")
 CUSTOM_DATASET = dict.fromkeys(("data.custom_cls.path", "data.custom_cls.name"), (
@@ -78,6 +79,8 @@ _REWARD_MODEL = {
 INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "algorithm.use_pf_ppo": (OFF, "PF-PPO's reward-weighted resampling is not implemented"),
     **dict.fromkeys(("data.image_key", "data.video_key"), (ANY, "prompts are text; no image or video column is read")),
+    "data.dataloader_num_workers": (ANY, "prompts are tokenized once at start-up; the loader only indexes them"),
+    "data.return_raw_chat": (ANY, "rows always carry their raw chat (raw_prompt)"),
     **CUSTOM_DATASET,
     "data.return_full_prompt": (OFF, "the templated prompt text is not carried on the batch"),
     "data.trust_remote_code": (OFF, "remote tokenizer code is never run"),
@@ -86,6 +89,8 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
                     (NULL, "a custom sampler is not supported; data.shuffle and data.seed order the prompts")),
     f"{ARR}.nccl_timeout": (ANY, "trainer.call_timeout_s bounds every worker call"),
     **_under([f"{ARR}.model", "critic.model"], _MODEL),
+    f"{ARR}.model.use_liger": NO_LIGER,
+    f"{ARR}.actor.use_torch_compile": (ANY, "the engines run eager"),
     **dict.fromkeys((f"{ARR}.actor.entropy_from_logits_with_chunking", f"{ARR}.actor.entropy_checkpointing"),
                     (ANY, MEMORY)),
     **dict.fromkeys((f"{ARR}.actor.optim.total_training_steps", "critic.optim.total_training_steps"),
@@ -103,6 +108,7 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
         "trace.backend": (NULL, "rollout tracing is not implemented"),
     }),
     **_under(["reward_model"], _REWARD_MODEL),
+    "reward_model.overlong_buffer.log": (ANY, "reward/overlong_* metrics are always logged"),
     "reward_model.sandbox_fusion.url": (NULL, "sandboxed code rewards are not implemented; use custom_reward_function"),
     "trainer.esi_redundant_time": (ANY, "no elastic server instance expiry to plan for"),
     "trainer.del_local_ckpt_after_load": (OFF, "a checkpoint is never deleted after it is loaded"),
@@ -125,7 +131,7 @@ SFT_INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     "model.use_shm": _MODEL["use_shm"],
     "model.external_lib": (NULL, "not implemented for SFT; use the RL recipe's model.external_lib"),
     "model.trust_remote_code": (OFF, NO_REMOTE_CODE),
-    "model.use_liger": (OFF, "Liger kernels are not used"),
+    "model.use_liger": NO_LIGER,
     **_fsdp("model.fsdp_config", "model.param_dtype"),
     **dict.fromkeys(("model.fsdp_config.cpu_offload", "model.fsdp_config.offload_params"),
                     (OFF, "use model.fsdp_config.param_offload (and optimizer_offload)")),
@@ -170,7 +176,8 @@ def pop_inert_keys(tree: dict, schema_keys: Iterable[str], keys: dict) -> list[s
 
 
 def unsupported_errors(cfg) -> list[str]:
-    """verl keys accepted so its scripts run, for the value that means "off" only."""
+    """verl keys accepted so its scripts run, for the value that means "off" only. Unlike the inert
+    keys they are fields: validation reports them beside the config's other errors, each with its fix."""
     arr, hdfs = cfg.actor_rollout_ref, cfg.trainer.default_hdfs_dir
     sp, mode, model = arr.actor.ulysses_sequence_parallel_size, arr.rollout.mode, arr.model
     checks = [
@@ -181,9 +188,8 @@ def unsupported_errors(cfg) -> list[str]:
         (not arr.hybrid_engine, f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker "
                                 "here (trainer.placement=separate moves the reference, critic and reward model); "
                                 "set it to true"),
-        *((getattr(model, k), f"{ARR}.model.{k}=true: these kernels are not used here (the models run "
-                              "transformers' and megatron-core's own layers); set it to false")
-          for k in ("use_liger", "use_fused_kernels")),
+        (model.use_fused_kernels, f"{ARR}.model.use_fused_kernels=true: these kernels are not used here (the "
+                                  "models run transformers' and megatron-core's own layers); set it to false"),
         (model.trust_remote_code, f"{ARR}.model.trust_remote_code=true: {NO_REMOTE_CODE} (the engines support "
                                   "Llama/Qwen2-family models, which transformers ships); set it to false"),
         (hdfs, f"trainer.default_hdfs_dir={hdfs!r}: HDFS upload is not implemented; set it to null and copy "
