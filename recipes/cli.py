@@ -25,7 +25,7 @@ from hybridflow.config.keys import dataclass_in, dotted_keys, walk
 from hybridflow.config.load import to_dataclass, unknown_key_message
 from hybridflow.config.root import RootConfig
 from hybridflow.config.sft import SFTConfig
-from hybridflow.config.verl_compat import inert_keys, is_inert
+from hybridflow.verl_compat import inert_keys, is_inert
 
 RECIPES_CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 # the configs built from the dataclasses (name -> schema)

@@ -22,7 +22,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import absolute_path, dotted_keys
 from hybridflow.config.resolve import resolve
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_compat import fold_ray_kwargs, inert_keys, pop_inert_keys, resolve_resume_mode
+from hybridflow.verl_compat import fold_ray_kwargs, inert_keys, pop_inert_keys, resume_path_mode
 
 T = TypeVar("T")
 _TYPE_WORDS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
@@ -54,6 +54,15 @@ def load_config(cfg: Any, *, base_dir: str | None = None) -> RootConfig:
     resolve(root)
     root.trainer.resume_mode = resolve_resume_mode(root.trainer.resume_mode, root.trainer.resume_from_path, base_dir)
     return root
+
+
+RESUME_MODES = ("auto", "disable")  # else trainer.resume_mode names a checkpoint folder
+
+
+def resolve_resume_mode(mode: str, resume_from_path: str | None, base_dir: str | None) -> str:
+    """auto | disable | an absolute folder (verl's ``resume_path`` takes ``resume_from_path``)."""
+    mode = resume_path_mode(mode, resume_from_path)
+    return mode if mode in RESUME_MODES else absolute_path(mode, base_dir)
 
 
 def to_dataclass(cls: type[T], cfg: Any, *, base_dir: str | None = None) -> T:

@@ -11,7 +11,7 @@ from hybridflow.config.data import DataConfig
 from hybridflow.config.keys import key
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.config.trainer import RayInitConfig, RayKwargsConfig, TrainerConfig
-from hybridflow.config.verl_compat import INERT_KEYS
+from hybridflow.verl_compat import INERT_KEYS
 
 
 @dataclass

@@ -18,18 +18,16 @@ from hybridflow.config.data import DataConfig
 from hybridflow.config.derived import canonical_strategy, model_parallel
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import OPTIONAL_POSITIVE, POSITIVE, key
-from hybridflow.config.load import to_dataclass
+from hybridflow.config.load import resolve_resume_mode, to_dataclass
 from hybridflow.config.ranges import name_errors, tree_range_errors
 from hybridflow.config.resolve import resolve_sft
 from hybridflow.config.rules import fsdp_size_error, lora_strategy_errors
 from hybridflow.config.trainer import RayInitConfig, TrainerConfig
 from hybridflow.config.validate import logger_errors, sizes_error, unused_megatron_error
-from hybridflow.config.verl_compat import (
-    SFT_INERT_KEYS, apply_sft_names, convert_sft_micro_batch_size, resolve_resume_mode,
-)
 from hybridflow.host_checks import data_file_errors, device_errors, hub_id_hint, output_folder_errors
 from hybridflow.model_checks import megatron_shape_errors, read_model_config
 from hybridflow.model_files import model_folder_errors
+from hybridflow.verl_compat import SFT_INERT_KEYS, apply_sft_names, convert_sft_micro_batch_size
 
 
 def _rl(cls: type, name: str, default: Any = MISSING, doc: str | None = None) -> Any:

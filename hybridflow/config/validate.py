@@ -12,15 +12,16 @@ from hybridflow.config.derived import (
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import ARR
+from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import name_errors as declared_name_errors, range_errors
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_errors,
 )
-from hybridflow.config.verl_compat import RESUME_MODES, convert_global_micro_batch_sizes, unsupported_errors
 from hybridflow.host_checks import data_file_errors, device_errors, output_folder_errors, path_error
 from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, model_folders, read_model_config
 from hybridflow.model_overrides import external_lib_error
+from hybridflow.verl_compat import convert_global_micro_batch_sizes, unsupported_errors
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ import pytest
 from hybridflow.config import ConfigError, load_config
 from hybridflow.config.load import dotted_keys
 from hybridflow.config.root import RootConfig
-from hybridflow.config.verl_compat import ANY, INERT_KEYS
+from hybridflow.verl_compat import ANY, INERT_KEYS
 from recipes.cli import compose_config
 
 

@@ -13,12 +13,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from hybridflow.config.errors import ConfigError
-from hybridflow.config.keys import ARR, absolute_path
+from hybridflow.errors import ConfigError
+
+# verl's name of the hybrid worker's section, spelled here too: this module imports nothing of
+# hybridflow.config, which reads verl's keys through it before its own tree exists
+ARR = "actor_rollout_ref"
 
 logger = logging.getLogger(__name__)
 
-RESUME_MODES = ("auto", "disable")
 
 ANY, OFF, NULL = None, (False,), (None,)
 SPEED, MEMORY = "speed only", "memory only"
@@ -247,14 +249,14 @@ def fold_ray_kwargs(root) -> None:
         setattr(old, f.name, value)
 
 
-def resolve_resume_mode(mode: str, resume_from_path: str | None, base_dir: str | None) -> str:
-    """auto | disable | an absolute folder; verl's ``resume_path`` takes ``resume_from_path``."""
-    if mode == "resume_path":  # verl's spelling of "resume from this folder"
-        if not resume_from_path:
-            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N "
-                              "folder> (or set trainer.resume_mode=<that folder> directly)")
-        mode = resume_from_path
-    return mode if mode in RESUME_MODES else absolute_path(mode, base_dir)
+def resume_path_mode(mode: str, resume_from_path: str | None) -> str:
+    """verl's ``resume_mode=resume_path`` means "resume from ``resume_from_path``": that folder."""
+    if mode != "resume_path":
+        return mode
+    if not resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N "
+                          "folder> (or set trainer.resume_mode=<that folder> directly)")
+    return resume_from_path
 
 
 def apply_sft_names(sft) -> None:
