@@ -20,7 +20,7 @@ from hybridflow.tiny import load_tokenizer
 from hybridflow.trainer.placement import build_worker_groups
 from recipes.build import role_specs
 from recipes.cli import compose_config
-from recipes.worker_env import worker_env
+from recipes.worker_env import ray_runtime_env
 
 
 def main(overrides):
@@ -35,7 +35,7 @@ def main(overrides):
     loader = ResumablePromptLoader(data, cfg.data.train_batch_size, seed=cfg.data.seed)
     fn = cfg.custom_reward_function
     reward = make_reward_manager(fn.path, fn.name, fn.reward_kwargs, timeout_s=fn.timeout_s)
-    ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": worker_env(cfg)})
+    ray.init(address="local", include_dashboard=False, runtime_env=ray_runtime_env(cfg))
     main_roles, _ = role_specs(cfg, derive(cfg, len(data)))
     groups, _ = build_worker_groups(cfg, main_roles, {}, use_gpu=False)
     actor = groups["actor_rollout_ref"]

@@ -298,7 +298,7 @@ def memory_hint(cfg) -> str:
     return (f"{arr}.rollout.tensor_model_parallel_size=2 or more (splits vLLM's copy of the weights), a smaller "
             f"{arr}.rollout.kv_cache_gib, {arr}.rollout.cpu_live_weights=false, a smaller "
             f"{arr}.actor.ppo_micro_batch_size_per_gpu, or {arr}.model.enable_gradient_checkpointing=true "
-            "(README: Host memory)")
+            "(docs/placement.md: Host memory on CPU)")
 
 
 def report_stop(cfg, err: BaseException) -> int:
