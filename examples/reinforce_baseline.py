@@ -24,7 +24,8 @@ from recipes.worker_env import ray_runtime_env
 
 
 def main(overrides):
-    cfg = load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=false",
+    cfg = load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=4",
+                                              "actor_rollout_ref.actor.use_kl_loss=false",
                                               "trainer.n_gpus_per_node=2", *overrides]))
     n = cfg.actor_rollout_ref.rollout.n  # samples per prompt: the leave-one-out baseline needs >= 2
     a = cfg.actor_rollout_ref.actor
