@@ -53,8 +53,9 @@ class ActorConfig:
                                        "(workers/engines/token_budget.py)")
     ppo_max_token_len_per_gpu: int = key(16384, "padded tokens per micro-batch with use_dynamic_bsz", POSITIVE)
     ppo_epochs: int = key(1, "passes over each step's batch", POSITIVE)
-    recompute_old_log_prob: str = key("auto", "auto: skip the old-log-prob forward when strictly on-policy (one "
-                                      "optimizer step per batch, no KL in the reward)", choices=("auto", "always"))
+    recompute_old_log_prob: str = key("auto", "always | skip: no old-log-prob forward, only when strictly on-policy "
+                                      "(one optimizer step per batch, no KL in the reward) | auto: skip when it can",
+                                      choices=("auto", "always", "skip"))
     shuffle: bool = key(False, "reshuffle sequences between ppo_epochs")
     policy_loss: PolicyLossChoice = key(PolicyLossChoice(), "verl's policy_loss section: the surrogate minimised")
     clip_ratio: float = key(0.2, "PPO's clip range", GREATER_THAN_0)

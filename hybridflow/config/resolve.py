@@ -1,4 +1,5 @@
-"""Every ``auto`` of a config (``param_dtype``, ``rollout.dtype``, ``fsdp_size``), decided once, when it
+"""Every ``auto`` of a config (``param_dtype``, ``rollout.dtype``, ``fsdp_size``,
+``recompute_old_log_prob``), decided once, when it
 is loaded (``derive`` does it for a config built in code). Only ``auto`` values change, so resolving a
 resolved config changes nothing. An unused critic's ``auto`` stays unresolved, and unsaid; so the roles
 a run builds (``critic.enable`` null: whatever the estimator needs) are decided here too.
@@ -22,6 +23,8 @@ def resolve(cfg):
     use_critic = needs_critic(cfg)
     for role in (arr.actor, *([cfg.critic] if use_critic else [])):  # the reference computes as the actor
         role.param_dtype = resolve_param_dtype(role.param_dtype, tr.device)
+    if arr.actor.recompute_old_log_prob == "auto":
+        arr.actor.recompute_old_log_prob = "skip" if strictly_on_policy(cfg) else "always"
     if arr.rollout.dtype == "auto":  # an unknown param_dtype leaves it: validate names that one
         arr.rollout.dtype = ROLLOUT_DTYPE_OF_PARAM_DTYPE.get(arr.actor.param_dtype, "auto")
     side = tr.separate_pool_gpus_per_node if tr.placement == "separate" else tr.n_gpus_per_node
@@ -85,6 +88,15 @@ def estimator_needs_critic(adv_estimator: str) -> bool:
 
 def needs_reference(cfg) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def strictly_on_policy(cfg) -> bool:
+    """One optimizer step per batch on weights just synced to the sampler, no KL in the reward: the
+    old log-probs equal the update's own forward pass, so the separate forward can be skipped (the
+    loss uses its log-probs detached, ratio 1, as TRL does)."""
+    a = cfg.actor_rollout_ref.actor
+    return (a.ppo_epochs == 1 and a.ppo_mini_batch_size == cfg.data.train_batch_size
+            and not cfg.algorithm.use_kl_in_reward)
 
 
 def critic_model_path(cfg) -> str:

@@ -14,6 +14,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import ARR
 from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import name_errors as declared_name_errors, range_errors
+from hybridflow.config.resolve import strictly_on_policy
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_errors,
@@ -136,6 +137,9 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
         (alg.filter_groups.enable and r.n < 2, "algorithm.filter_groups.enable=true compares the samples of a prompt: "
          f"set {ARR}.rollout.n>=2 (it is {r.n})"),
         (t.val_only and not data.val_files, "trainer.val_only=true needs data.val_files to validate on"),
+        (cfg.actor_rollout_ref.actor.recompute_old_log_prob == "skip" and not strictly_on_policy(cfg),
+         f"{ARR}.actor.recompute_old_log_prob=skip needs a strictly on-policy update (ppo_epochs=1, "
+         "ppo_mini_batch_size=data.train_batch_size, algorithm.use_kl_in_reward=false): use auto or always"),
         (t.critic_warmup > 1 and not needs_critic(cfg),  # 1: the actor trains from step 1
          f"trainer.critic_warmup={t.critic_warmup} warms up a critic, but algorithm.adv_estimator={alg.adv_estimator} "
          "runs none: set it to 0 or use gae"),

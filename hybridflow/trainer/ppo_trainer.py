@@ -66,11 +66,8 @@ class PPOTrainer:
         self.overlapped = {role for role, group in side.items() if group is not None and group is not self.actor
                            and cfg.trainer.overlap_separate_pools and set(group.pids).isdisjoint(self.actor.pids)}
         actor = cfg.actor_rollout_ref.actor
-        # Strictly on-policy (one optimizer step per batch, weights just synced to the sampler):
-        # the old log-probs equal the update's own forward pass, so that separate forward is
-        # skipped and the loss uses its log-probs detached (ratio 1), as TRL does.
-        self.on_policy = (actor.recompute_old_log_prob == "auto" and actor.ppo_epochs == 1
-                          and actor.ppo_mini_batch_size == cfg.data.train_batch_size and not algo.use_kl_in_reward)
+        # strictly on-policy: no separate old-log-prob forward (config/resolve.py strictly_on_policy)
+        self.on_policy = actor.recompute_old_log_prob == "skip"
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
         # the reward function scores in its own process while the workers compute old log-probs,

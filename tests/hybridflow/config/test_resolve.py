@@ -48,3 +48,26 @@ def test_rollout_dtype_is_resolved_with_the_actor_param_dtype(monkeypatch):
     # an unknown param_dtype leaves rollout.dtype for validate, which names the param_dtype
     bad = load_config({"actor_rollout_ref": {"actor": {"param_dtype": "fp16"}}})
     assert bad.actor_rollout_ref.rollout.dtype == "auto"
+
+
+@pytest.mark.parametrize("actor, algorithm, expected", [
+    ({}, {}, "skip"),  # the default: one mini-batch of the whole batch, one epoch
+    ({"ppo_epochs": 2}, {}, "always"),
+    ({"ppo_mini_batch_size": 2}, {}, "always"),
+    ({}, {"use_kl_in_reward": True}, "always"),
+    ({"recompute_old_log_prob": "always"}, {}, "always"),
+])
+def test_recompute_old_log_prob_auto_is_decided_at_load(actor, algorithm, expected):
+    cfg = load_config({"data": {"train_batch_size": 4}, "algorithm": algorithm,
+                       "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4, **actor}}})
+    assert cfg.actor_rollout_ref.actor.recompute_old_log_prob == expected
+
+
+def test_skipping_the_old_log_prob_forward_off_policy_is_refused():
+    from hybridflow.config import ConfigError, validate
+
+    cfg = load_config({"data": {"train_batch_size": 4}, "trainer": {"n_gpus_per_node": 2},
+                       "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4, "ppo_epochs": 2,
+                                                       "recompute_old_log_prob": "skip"}}})
+    with pytest.raises(ConfigError, match=r"recompute_old_log_prob=skip needs a strictly on-policy update"):
+        validate(cfg, check_paths=False)
