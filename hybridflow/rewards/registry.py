@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hybridflow.rewards import arithmetic, gsm8k
+from hybridflow.rewards import arithmetic, count, gsm8k
 
 ScoreResult = float | dict[str, Any]
 ComputeScoreFn = Callable[..., ScoreResult]
@@ -21,6 +21,7 @@ RuleScorer = Callable[[str, Any], float]
 
 RULE_SCORERS: dict[str, RuleScorer] = {
     "arithmetic": arithmetic.compute_score,
+    "count": count.compute_score,  # the long-tail workload (hybridflow.data.count): partial credit
     "gsm8k": gsm8k.compute_score,  # strict "####" extraction, as in verl
     "openai/gsm8k": gsm8k.compute_score,
 }

@@ -1,7 +1,7 @@
 import pytest
 
 from hybridflow.rewards import RULE_SCORERS, default_compute_score, get_rule_scorer
-from hybridflow.rewards import arithmetic, gsm8k
+from hybridflow.rewards import arithmetic, count, gsm8k
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,36 @@ def test_arithmetic_bad_ground_truth_raises():
         arithmetic.compute_score("no idea", "abc")
     with pytest.raises(ValueError, match="gsm8k ground_truth must be a number"):
         gsm8k.compute_score("no idea", "abc")
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("137 138 139 140", 1.0),
+        ("137 138 139 140</s>", 1.0),  # EOS text and whitespace after the answer are ignored
+        ("  137 138 139 140 <|im_end|>\n", 1.0),
+        ("137 138", 0.5),  # stopped early: the fraction of the answer's numbers right
+        ("137 138 139", 0.75),
+        ("137 999 139 140", 0.25),  # the credit ends at the first wrong number
+        ("137 138 139 140 141", 0.8),  # writing past the end costs like a wrong number
+        ("137 138 139 140 done", 0.8),  # so does other trailing text
+        ("137 138abc", 0.5),
+        ("1371 138", 0.0),  # "1371" is one number, not 137
+        ("138 139 140", 0.0),  # right numbers, wrong start
+        ("count 137 to 140: 137 138 139 140", 0.0),  # the answer must come first
+        ("I don't know", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_count_partial_credit_for_the_correct_leading_run(response, expected):
+    assert count.compute_score(response, "137 138 139 140") == pytest.approx(expected)
+
+
+def test_count_bad_ground_truth_raises_even_without_an_answer():
+    with pytest.raises(ValueError, match="count ground_truth must be integers"):
+        count.compute_score("no idea", "1 two 3")
+    with pytest.raises(ValueError, match="count ground_truth must be integers"):
+        count.compute_score("1 2", "")
 
 
 GSM_RESPONSE = (
@@ -68,7 +98,8 @@ def test_default_dispatch_by_data_source():
     assert default_compute_score("arithmetic", "2+2=4", "4") == 1.0
     assert default_compute_score("openai/gsm8k", GSM_RESPONSE, "72") == 1.0
     assert default_compute_score("gsm8k", GSM_RESPONSE, "72", extra_info={"split": "test"}) == 1.0
-    assert set(RULE_SCORERS) == {"arithmetic", "gsm8k", "openai/gsm8k"}
+    assert default_compute_score("count", "137 138 139</s>", "137 138 139") == 1.0
+    assert set(RULE_SCORERS) == {"arithmetic", "count", "gsm8k", "openai/gsm8k"}
 
 
 def test_unknown_data_source_error_names_sources_and_fix():
