@@ -187,6 +187,7 @@ def _run(cfg, inputs: RunInputs) -> dict:
                 tracker.finish()
                 trace = write_ray_timeline(trace)  # before the actors go: their last events go with them
             finally:  # a failing tracker must not leave the reward function's child processes behind
+                trainer.timeline.write(t.default_local_dir)  # trainer.timeline; before the workers go
                 trainer.close()
                 for group in {id(g._actors[0]): g for g in groups.values()}.values():
                     group.shutdown()

@@ -10,13 +10,14 @@ copied when the weights did not change.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import torch
 
 from hybridflow import device
 from hybridflow.algorithms.objectives import ActorObjective, count_skipped_rows, make_actor_loss_fn
-from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.controller import Dispatch, Worker, register, spans
 from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
 from workers.engines.config import EngineConfig
@@ -149,8 +150,11 @@ class ActorRolloutRefWorker(Worker):
         if self._weight_source is not None and (self._weights_stale or
                                                 self.engine.weights_version != self._synced_version):
             self._stats.reset()
-            with generate_mode(self.engine, self.rollout, self._weight_source, metrics, self.rng, self._stats,
-                               offload_engine=device.device_type() == "cuda"):
+            with ExitStack() as generating:
+                with spans.span("weight_sync"):  # the timeline shows the sync apart from generation
+                    generating.enter_context(generate_mode(
+                        self.engine, self.rollout, self._weight_source, metrics, self.rng, self._stats,
+                        offload_engine=device.device_type() == "cuda"))
                 out = self._generate(prompts, metrics)
             self._weights_stale = False
             self._synced_version = self.engine.weights_version

@@ -48,6 +48,7 @@ class TrainerConfig:
     overlap_separate_pools: bool = key(True, "separate: the 2nd pool's calls run while the actor's pool works")
     cpus_per_worker: float = key(1.0, "Ray CPU resources per worker process", GREATER_THAN_0)
     seed: int = key(0, "seeds every rank")
+    timeline: bool = key(False, "record each worker's stages: timeline.json (Chrome trace), timeline.png, idle_frac")
 
 
 @dataclass

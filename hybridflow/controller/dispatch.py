@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
+from hybridflow.controller import spans
 from hybridflow.protocol import DataProto
 
 MAGIC_ATTR = "_hybridflow_register"
@@ -146,7 +147,10 @@ def register(dispatch_mode: DispatchMode = Dispatch.ALL_TO_ALL, execute_mode: Ex
     """Mark a Worker method as a group method: the WorkerGroup binds it as dispatch -> execute -> collect.
 
     Inside the worker the wrapper resolves any future slices handed over by a non-blocking call of
-    another group, so the driver never materialises intermediate batches.
+    another group, so the driver never materialises intermediate batches. While the run records its
+    timeline (controller/spans.py) the call is a stage span named after the method, or after the
+    ``stage`` of its first DataProto's meta_info (validation's generation says ``validation``);
+    waiting for another group's output (resolving a future) is not part of it.
     """
     if not isinstance(dispatch_mode, DispatchMode):
         raise TypeError(f"register(dispatch_mode=...) takes a DispatchMode, got {dispatch_mode!r}")
@@ -158,13 +162,21 @@ def register(dispatch_mode: DispatchMode = Dispatch.ALL_TO_ALL, execute_mode: Ex
 
             args = tuple(materialize(a) for a in args)
             kwargs = {k: materialize(v) for k, v in kwargs.items()}
-            return fn(self, *args, **kwargs)
+            if not spans.recording():
+                return fn(self, *args, **kwargs)
+            with spans.span(_stage_name(fn.__name__, args)):
+                return fn(self, *args, **kwargs)
 
         setattr(inner, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode,
                                     "blocking": blocking})
         return inner
 
     return decorator
+
+
+def _stage_name(method: str, args: tuple) -> str:
+    first = args[0] if args else None
+    return first.meta_info.get("stage", method) if isinstance(first, DataProto) else method
 
 
 def registered_methods(cls) -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from hybridflow import device
+from hybridflow.controller import spans
 from hybridflow.controller.dispatch import Dispatch, Execute, register
 from hybridflow.ports import free_rendezvous_port
 
@@ -62,6 +63,12 @@ class Worker:
 
     def _hf_pid(self) -> int:
         return os.getpid()
+
+    def _hf_take_spans(self) -> list[tuple[str, float, float]]:
+        """This process's stage spans since the last call (controller/spans.py); the first call starts
+        the recording, so a run without a timeline never records."""
+        spans.enable()
+        return spans.take()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.ALL)
     def execute_fn(self, fn, *args, **kwargs):

@@ -219,6 +219,11 @@ class RayWorkerGroup:
     def execute_all(self, method: str, *args, **kwargs) -> list:
         return self._wait(self.execute_all_async(method, *args, **kwargs), method)
 
+    def take_spans(self, timeout_s: float | None = None) -> list[list[tuple[str, float, float]]]:
+        """Each rank's stage spans since the last call, in rank order (controller/spans.py). Spans
+        belong to processes: take them through one role's view of a colocated group, not each."""
+        return self._wait([a._hf_take_spans.remote() for a in self._actors], "_hf_take_spans", timeout_s)
+
     def _wait(self, refs: list, method: str, timeout_s: float | None = None) -> list:
         """Results in rank order; fail fast on the first rank that raises or dies."""
         timeout_s = timeout_s or self.timeout_s

@@ -10,9 +10,7 @@ batches and computes advantages (cheap, on CPU).
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -28,19 +26,12 @@ from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
+from hybridflow.trainer.timeline import StageTimeline, timer
 from hybridflow.trainer.reward_process import PendingModelScores, RewardProcess, model_scoring, score_batch
 from hybridflow.trainer.val_metrics import join_columns, validation_metrics
 from hybridflow.trainer.generations import (
     carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
 )
-
-
-@contextmanager
-def timer(name: str, metrics: dict):
-    t0 = time.perf_counter()
-    yield
-    key = f"timing_s/{name}"  # summed: dynamic sampling generates and scores several batches a step
-    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
 
 
 class PPOTrainer:
@@ -78,6 +69,7 @@ class PPOTrainer:
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
         self.total_steps = self._total_steps()
+        self.timeline = StageTimeline(groups, cfg.trainer.timeline)  # trainer/timeline.py
 
     def _total_steps(self) -> int:
         t = self.cfg.trainer
@@ -130,7 +122,7 @@ class PPOTrainer:
 
     def step(self, batch: DataProto) -> dict:
         cfg, metrics = self.cfg, {}
-        with timer("step", metrics):
+        with self.timeline.step(self.global_step, metrics), timer("step", metrics):
             batch, baselines, filter_values, pending = self._rollout(batch, metrics)
             if cfg.algorithm.filter_groups.enable:
                 batch, baselines = self._keep_informative_prompts(batch, baselines, filter_values, metrics)
@@ -313,9 +305,10 @@ class PPOTrainer:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
             gen_in.meta_info.update(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
-                                    top_p=vk.top_p, top_k=vk.top_k)
+                                    top_p=vk.top_p, top_k=vk.top_k, stage="validation")
             out = self.actor.generate_sequences(gen_in)
-            out.meta_info.pop("metrics", None)
+            for kept in ("metrics", "stage"):  # the reward model's scoring of it is its own stage
+                out.meta_info.pop(kept, None)
             out.non_tensor_batch.update(batch.repeat(vk.n, interleave=True).non_tensor_batch)
             if pending is not None:
                 take(pending[0], pending[1].result())
@@ -323,7 +316,8 @@ class PPOTrainer:
             if "reward_model" in self.overlapped:
                 pending = (out, PendingModelScores(self.rm.submit("compute_rm_score", out)))
             else:
-                take(out, self.score(out))
+                with timer("val_reward", {}):  # on the timeline's driver track
+                    take(out, self.score(out))
         if pending is not None:
             take(pending[0], pending[1].result())
         if keep:

@@ -83,6 +83,31 @@ def check_quiet_console(result, out_dir: str) -> None:
     assert result.stdout.rstrip().endswith(f"; full logs in {os.path.abspath(logs)}"), result.stdout[-1000:]
 
 
+def check_stage_timeline(out_dir: str, metrics: dict[int, dict], pools: dict[str, int]) -> None:
+    """trainer.timeline's files: a Chrome trace with one track per worker of each pool and the
+    driver's, spans disjoint within a track, the PPO stages named; the Gantt PNG; idle_frac per pool."""
+    with open(os.path.join(out_dir, "timeline.json")) as f:
+        events = json.load(f)["traceEvents"]
+    pool_of = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    expected = {f"{pool} rank {r}" for pool, n in pools.items() for r in range(n)}
+    assert set(tracks.values()) == expected | {"driver", "steps"}, tracks
+    assert all(pool_of[pid] == name.split(" rank ")[0] for (pid, _), name in tracks.items() if " rank " in name)
+    stages = {}
+    for key, name in tracks.items():
+        spans = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                       if e["ph"] == "X" and (e["pid"], e["tid"]) == key)
+        assert all(a[1] <= b[0] + 1 for a, b in zip(spans, spans[1:])), (name, spans)  # microseconds, rounded
+        stages[name] = {stage for _, _, stage in spans}
+    assert {"generate_sequences", "update_actor", "compute_log_prob", "weight_sync",
+            "validation"} <= stages["main rank 0"], stages
+    assert {"compute_ref_log_prob", "compute_values", "update_critic"} <= stages["side rank 0"]
+    assert "compute_rm_score" in stages["reward rank 0"] and "adv" in stages["driver"], stages
+    assert os.path.getsize(os.path.join(out_dir, "timeline.png")) > 0
+    for step in range(1, STEPS + 1):
+        assert all(0.0 <= metrics[step][f"perf/idle_frac/{pool}"] <= 1.0 for pool in pools), metrics[step]
+
+
 def check_run(result, out_dir: str, initial_model: str, extra_metrics: tuple[str, ...] = (),
               critic_warmup: int = 0, probs_diff_tol: float = PROBS_DIFF_TOL) -> dict[int, dict]:
     """The assertions every successful recipe run must satisfy; returns the metrics by step.
@@ -263,10 +288,12 @@ def test_separate_placement_ref_critic_reward_model(recipe_assets, tmp_path):
     the reward model on that pool too, or (verl's reward_model.enable_resource_pool) on a third of
     its own. Up to 4 workers x 0.5 CPU fit this 2-core machine. The other pools work while the
     actor's does (reward model, reference and values during the old log-probs; the critic's update
-    during the actor's); one stage after the other, on two pools, must give the same run."""
+    during the actor's); one stage after the other, on two pools, must give the same run. The
+    overlapped run also writes its stage timeline (trainer.timeline), one track per worker of each pool."""
     runs = {}
     for overlap, reward_pool in (("true", ["reward_model.enable_resource_pool=true", "reward_model.nnodes=1",
-                                           "reward_model.n_gpus_per_node=1"]), ("false", [])):
+                                           "reward_model.n_gpus_per_node=1", "trainer.timeline=true"]),
+                                 ("false", [])):
         out = str(tmp_path / f"overlap-{overlap}")
         result = run_main_ppo("ppo", recipe_assets.overrides(out) + reward_pool + [
             "trainer.placement=separate", "trainer.separate_pool_gpus_per_node=1", "trainer.cpus_per_worker=0.5",
@@ -285,6 +312,8 @@ def test_separate_placement_ref_critic_reward_model(recipe_assets, tmp_path):
         logs = os.path.join(out, "logs")
         written = "".join(open(os.path.join(logs, name), errors="replace").read() for name in os.listdir(logs))
         assert all(f":actor_name:{name}" in written for name in pools), (pools, os.listdir(logs))
+        if reward_pool:
+            check_stage_timeline(out, runs[overlap], {"main": 2, "side": 1, "reward": 1})
 
     def untimed(metrics):
         return {step: {k: v for k, v in row.items() if not (k.startswith(("timing_s/", "perf/")) or k.endswith("_s"))}
