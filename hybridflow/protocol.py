@@ -155,6 +155,9 @@ class DataProto:
 
     @staticmethod
     def concat(parts: Sequence["DataProto"]) -> "DataProto":
+        """Rows of the parts in order; meta_info merged, later parts winning, except ``metrics`` (one
+        dict per worker, e.g. per generation-DP rank): each key's mean over the parts that have it,
+        so a step logs all ranks' timings and shares, not only the last rank's."""
         parts = [p for p in parts if p is not None]
         if not parts:
             raise ValueError("DataProto.concat: nothing to concatenate")
@@ -165,6 +168,9 @@ class DataProto:
         meta = {}
         for p in parts:
             meta.update(p.meta_info)
+        per_part = [p.meta_info["metrics"] for p in parts if isinstance(p.meta_info.get("metrics"), dict)]
+        if len(per_part) > 1:
+            meta["metrics"] = _mean_metrics(per_part)
         return DataProto(batch=batch, non_tensor_batch=non, meta_info=meta)
 
     def repeat(self, repeat_times: int, interleave: bool = True) -> "DataProto":
@@ -256,6 +262,20 @@ class DataProto:
         self.batch = TensorDict(tensors, batch_size=state["batch_size"]) if tensors is not None else None
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
+
+
+def _mean_metrics(dicts: list[dict]) -> dict:
+    """Each key's mean over the dicts that have it (a value all agree on is kept as is, a
+    non-number is the last one's)."""
+    out = {}
+    for key in dict.fromkeys(k for d in dicts for k in d):
+        values = [d[key] for d in dicts if key in d]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric and any(v != values[0] for v in values):
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = values[-1]
+    return out
 
 
 def _object_arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:

@@ -171,6 +171,8 @@ class ActorRolloutRefWorker(Worker):
         t0 = time.perf_counter()
         out = self.rollout.generate_sequences(prompts)
         metrics["timing_s/gen_worker"] = time.perf_counter() - t0
+        # the rollout's own (vLLM's perf/gen_tail_share), kept: generate_sequences sets the dict whole
+        metrics.update(out.meta_info.pop("metrics", {}))
         return out
 
     # ------------------------------------------------------------------ log-probs

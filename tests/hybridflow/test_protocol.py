@@ -122,3 +122,15 @@ def test_dp_chunks_mark_every_part_of_a_padded_split_and_unpad_clears_the_mark()
     even, pad = make(4).dp_chunks(2)
     assert pad == 0 and all(DP_PADDING_ROWS not in p.meta_info for p in even)
 
+
+
+def test_concat_averages_the_parts_metrics():
+    """Each generation-DP rank reports its own metrics (perf/gen_tail_share, ...): the collected
+    batch holds their mean per key, over the parts that have it; other meta_info: the last wins."""
+    a, b = make(2), make(2)
+    a.meta_info.update(metrics={"perf/gen_tail_share": 0.2, "only_a": 1.0, "same": 0.1}, stage="x")
+    b.meta_info.update(metrics={"perf/gen_tail_share": 0.5, "same": 0.1}, stage="y")
+    meta = DataProto.concat([a, b]).meta_info
+    assert meta["metrics"] == {"perf/gen_tail_share": pytest.approx(0.35), "only_a": 1.0, "same": 0.1}
+    assert meta["stage"] == "y"
+    assert DataProto.concat([a]).meta_info["metrics"] is a.meta_info["metrics"]

@@ -23,6 +23,9 @@ What differs from plain ``LLM.generate``:
   random sample); on CPU their first call traces them and builds C++ kernels with the system
   compiler: 4 s with a warm inductor cache, about 60 s on a fresh machine, in every worker
   process, for kernels that run in microseconds eagerly. Tokens and log-probs are identical.
+- ``generate`` runs as its two halves (enqueue, then the engine stepped as it steps it), so that
+  each sample's finish is timed: ``meta_info["metrics"]["perf/gen_tail_share"]`` is the share of
+  the call spent after the median sample finished (workers/rollout/vllm_stepping.py).
 
 Memory policy: on GPU ``release_memory`` puts the engine to sleep (level 1: weights offloaded to
 host, KV cache freed) and ``resume_memory`` wakes it. vLLM ignores sleep on CPU, so there both
@@ -49,6 +52,7 @@ from workers.rollout.hf_class_guard import give_back_transformers_classes
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
                                   prompt_token_lists, resolve_sampling, special_token_ids,
                                   truncate_at_stop)
+from workers.rollout.vllm_stepping import TAIL_SHARE, generate_per_sample
 from workers.rollout.vllm_weight_sync import (ExpectedReloadWarnings, linears_keep_weights,
                                               load_live_weights, quiet_per_sync_logs,
                                               retie_lm_head, use_live_weights)
@@ -291,19 +295,20 @@ class VLLMRollout:
         )
         eager = contextlib.nullcontext() if self._on_gpu else torch.compiler.set_stance("force_eager")
         with eager:
-            outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params,
-                                        use_tqdm=False)
+            # generate() with each sample's finish timed (workers/rollout/vllm_stepping.py)
+            completions, tail = generate_per_sample(self.llm, token_lists, params)
         samples = []
-        for out in outputs:
+        for per_prompt_completions in completions:
             per_prompt = []
-            for comp in sorted(out.outputs, key=lambda c: c.index):
+            for comp in per_prompt_completions:
                 tokens = list(comp.token_ids)
                 lps = [step[tok].logprob for tok, step in zip(tokens, comp.logprobs)]
                 per_prompt.append(truncate_at_stop(tokens, lps, settings.stop_token_ids,
                                                    settings.max_tokens))
             samples.append(per_prompt)
-        return build_rollout_batch(prompts, samples, self.config.response_length,
-                                   self.pad_token_id)
+        out = build_rollout_batch(prompts, samples, self.config.response_length, self.pad_token_id)
+        out.meta_info["metrics"] = {TAIL_SHARE: tail}
+        return out
 
     # ------------------------------------------------------------------ weights and memory
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

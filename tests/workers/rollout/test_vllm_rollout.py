@@ -1,12 +1,14 @@
 """vLLM rollout as an SPMD program in a real 2-process gloo world, checked against transformers.
 
 One engine per spawned world is reused for every check (engine start dominates the cost):
-greedy equals the HF rollout; sampled log-probs equal a full HF forward; after update_weights
-(live weights and vLLM's full reload) both equal the *new* weights' (tied and untied heads);
-ignore_eos runs past an EOS to the full length and do_sample=false in the config is greedy, both
-as transformers does; the config's vLLM arguments (max_model_len, prefix caching, log stats,
-engine_kwargs) reach the engine; bad settings fail with clear errors. One extra engine per rank
-(TP=2) loads with load_format=dummy and, after one sync, generates exactly what the auto engine did.
+greedy equals the HF rollout; sampled log-probs equal a full HF forward, and the samples (each
+timed as it finishes, perf/gen_tail_share) equal plain LLM.generate's from the same random state;
+after update_weights (live weights and vLLM's full reload) both equal the *new* weights' (tied and
+untied heads); ignore_eos runs past an EOS to the full length and do_sample=false in the config
+is greedy, both as transformers does; the config's vLLM arguments (max_model_len, prefix
+caching, log stats, engine_kwargs) reach the engine; bad settings fail with clear errors. One extra
+engine per rank (TP=2) loads with load_format=dummy and, after one sync, generates exactly what the
+auto engine did.
 TP=1 runs as generation DP=2 (two engines, each generating its own share of the prompts).
 """
 import dataclasses
@@ -56,6 +58,32 @@ def _generate(rollout, share: DataProto, **meta) -> dict:
     # numpy, not tensors: tensors cross the result queue as shared-memory handles that die with
     # this process
     return {k: v.numpy() for k, v in rollout.generate_sequences(share).batch.items()}
+
+
+def _plain_generate(llm, token_lists, params):
+    """What the rollout ran before it timed each sample: one ``LLM.generate`` call."""
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params, use_tqdm=False)
+    return [sorted(out.outputs, key=lambda c: c.index) for out in outputs], 0.0
+
+
+def _generate_and_replay(rollout, share: DataProto, **meta) -> tuple[dict, dict, dict]:
+    """(the call's batch, the same call through plain ``LLM.generate`` from the same random state,
+    the call's metrics). The replay puts the random state back as the call left it, so the calls
+    after it draw what they drew without it (the dummy-loaded engine repeats them unreplayed)."""
+    from unittest import mock
+
+    from workers.rollout import vllm_rollout
+
+    before = torch.get_rng_state()  # vLLM's CPU sampler draws its noise seeds from it
+    share.meta_info = meta
+    out = rollout.generate_sequences(share)
+    after = torch.get_rng_state()
+    torch.set_rng_state(before)
+    with mock.patch.object(vllm_rollout, "generate_per_sample", side_effect=_plain_generate) as plain:
+        replay = _generate(rollout, share, **meta)
+    assert plain.call_count == 1  # the replay did run through LLM.generate
+    torch.set_rng_state(after)
+    return {k: v.numpy() for k, v in out.batch.items()}, replay, out.meta_info["metrics"]
 
 
 # the first calls on a fresh engine, in this order (the dummy-loaded engine repeats them)
@@ -123,9 +151,14 @@ def _rollout_worker(rank, world, tp, models):
         def run(**meta):
             return _generate(rollout, share, **meta)
 
-        result = {"layout": (rollout.dp_rank, rollout.dp_size, rollout.is_collect), "errors": errors,
-                  **{key: run(**meta) for key, meta in FIRST_CALLS.items()},
-                  "stop": run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6)}
+        result = {"layout": (rollout.dp_rank, rollout.dp_size, rollout.is_collect), "errors": errors}
+        for key, meta in FIRST_CALLS.items():
+            if key == "sample":  # n=4 with lengths from 1 to max_tokens: a tail to time
+                result[key], result["sample_replay"], result["sample_metrics"] = _generate_and_replay(
+                    rollout, share, **meta)
+            else:
+                result[key] = run(**meta)
+        result["stop"] = run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6)
         result["why_full_reload"] = rollout.why_full_reload
         result["on_cpu"] = not rollout._on_gpu
         result["kv_cache_bytes"] = rollout.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
@@ -260,6 +293,11 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
 
     sample = _gather(results, "sample", prompts, n=4)
     assert_layout(sample, prompts, 4, set(SAMPLE_STOPS) | set(eos), pad)
+    for r in results:  # timing each sample changed no token or log-prob of LLM.generate's
+        for column, replayed in r["sample_replay"].items():
+            assert (r["sample"][column] == replayed).all(), column
+        # lengths from 1 to max_tokens (seeded, so the same every run): the last sample ends after the median
+        assert 0.0 < r["sample_metrics"]["perf/gen_tail_share"] <= 1.0
     lengths = sample.batch["response_mask"].sum(1)
     assert lengths.min() < RESPONSE_LEN and lengths.max() > 1
     torch.testing.assert_close(sample.batch["rollout_log_probs"], reference_log_probs(hf_old, sample),
