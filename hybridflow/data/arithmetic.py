@@ -15,9 +15,10 @@ measures generalisation to unseen operand pairs, not recall of training rows.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
+
+from hybridflow.data.task_files import task_main, write_splits
 
 DATA_SOURCE = "arithmetic"
 OPERATORS = "+-"
@@ -109,33 +110,13 @@ def generate_arithmetic(config: ArithmeticTaskConfig) -> tuple[list[dict], list[
 def write_arithmetic_parquet(out_dir: str, config: ArithmeticTaskConfig | None = None
                              ) -> tuple[str, str]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; returns their paths."""
-    import pandas as pd
-
     config = config or ArithmeticTaskConfig()
-    train, val = generate_arithmetic(config)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for name, rows in (("train", train), ("val", val)):
-        path = os.path.join(out_dir, f"{name}.parquet")
-        pd.DataFrame(rows).to_parquet(path, index=False)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(out_dir, *generate_arithmetic(config))
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m hybridflow.data.arithmetic OUT_DIR [--digits 2] [--operators +-] ...``"""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("out_dir")
-    defaults = ArithmeticTaskConfig()
-    for field in dataclasses.fields(ArithmeticTaskConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    cfg = ArithmeticTaskConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ArithmeticTaskConfig)})
-    train_path, val_path = write_arithmetic_parquet(args.out_dir, cfg)
-    print(f"wrote {train_path} ({cfg.train_size} rows) and {val_path} ({cfg.val_size} rows)")
+    task_main(ArithmeticTaskConfig, write_arithmetic_parquet, argv, main.__doc__)
 
 
 if __name__ == "__main__":

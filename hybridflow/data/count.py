@@ -19,9 +19,10 @@ is ``hybridflow.rewards.count`` (data_source ``count``). Train and validation pr
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
+
+from hybridflow.data.task_files import task_main, write_splits
 
 DATA_SOURCE = "count"
 LOW, HIGH = 100, 999  # every number has 3 digits: length in tokens is a function of the count alone
@@ -129,33 +130,13 @@ def write_count_parquet(out_dir: str, config: CountTaskConfig | None = None) -> 
     Seeded: the same config writes the same rows, so rewriting is harmless and callers may skip it
     when the files exist.
     """
-    import pandas as pd
-
     config = config or CountTaskConfig()
-    train, val = generate_count(config)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for name, rows in (("train", train), ("val", val)):
-        path = os.path.join(out_dir, f"{name}.parquet")
-        pd.DataFrame(rows).to_parquet(path, index=False)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(out_dir, *generate_count(config))
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m hybridflow.data.count OUT_DIR [--train-size 2048] [--seed 0] ...``"""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("out_dir")
-    defaults = CountTaskConfig()
-    for field in dataclasses.fields(CountTaskConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
-    args = parser.parse_args(argv)
-    cfg = CountTaskConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CountTaskConfig)})
-    train_path, val_path = write_count_parquet(args.out_dir, cfg)
-    print(f"wrote {train_path} ({cfg.train_size} rows) and {val_path} ({cfg.val_size} rows)")
+    task_main(CountTaskConfig, write_count_parquet, argv, main.__doc__)
 
 
 if __name__ == "__main__":
