@@ -10,8 +10,7 @@ from typing import NamedTuple
 from hybridflow.megatron_models import unsupported_reason
 from hybridflow.model_files import model_folder_errors, read_json, weights_error
 from hybridflow.model_overrides import override_errors, overridden_dict
-
-ARR = "actor_rollout_ref"
+from hybridflow.verl_compat import ARR
 
 
 class ModelRoles(NamedTuple):

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any, Callable, Collection, NamedTuple
 
-ARR = "actor_rollout_ref"  # the hybrid worker's section, named in many messages
+from hybridflow.verl_compat import ARR  # noqa: F401  (re-exported: config modules name the section by it)
 
 
 class Range(NamedTuple):
