@@ -12,6 +12,16 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
             f"{prefix}/min": float(values.min())}
 
 
+# The long-tail workload's profile is stated at p50 / p80 / p95 (docs/benchmarks.md): a mean hides
+# the few long answers the whole batch waits for.
+LENGTH_PERCENTILES = (50, 80, 95)
+
+
+def _percentiles(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    q = torch.quantile(values.float(), torch.tensor([p / 100 for p in LENGTH_PERCENTILES]))
+    return {f"{prefix}/p{p}": float(v) for p, v in zip(LENGTH_PERCENTILES, q)}
+
+
 def data_metrics(batch, use_critic: bool) -> dict[str, float]:
     b = batch.batch
     mask = b["response_mask"].float()
@@ -24,6 +34,7 @@ def data_metrics(batch, use_critic: bool) -> dict[str, float]:
     out.update(_stats("critic/returns", b["returns"][mask.bool()]))
     out.update(_stats("response_length", lengths))
     out["response_length/clip_ratio"] = float((lengths == mask.shape[1]).float().mean())
+    out.update(_percentiles("response_length", lengths))
     out.update(_stats("prompt_length", prompt_lengths))
     if use_critic:
         values = b["values"]
