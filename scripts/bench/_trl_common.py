@@ -71,3 +71,13 @@ def reward_func(data_source: str):
 
     reward.__name__ = f"{data_source}_reward"
     return reward
+
+
+def steps_between_validations(prompts_between: int, prompts_per_step: int) -> int:
+    """Optimizer steps between two validations so that both frameworks validate after the same
+    number of training prompts (ours every test_freq steps of train_batch_size prompts; TRL's
+    default step holds 1 prompt). Refuses a spacing its batch cannot hit exactly."""
+    if prompts_per_step < 1 or prompts_between < prompts_per_step or prompts_between % prompts_per_step:
+        raise ValueError(f"validating every {prompts_between} prompts needs a whole number of steps of "
+                         f"{prompts_per_step} prompts")
+    return prompts_between // prompts_per_step
