@@ -8,7 +8,7 @@ one-off costs, vLLM graph warm-up, allocator growth, the first weight sync, and 
 still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
 
     .venv/bin/python scripts/bench/e2e.py                          # demo + medium, beta 0 and KL
-    .venv/bin/python scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python   # + TRL ratio
+    .venv/bin/python scripts/bench/e2e.py --trl-python             # + TRL ratio (TRL installed here if missing)
     .venv/bin/python scripts/bench/e2e.py --sizes medium --modes kl -- actor_rollout_ref.actor.param_dtype=fp32
     .venv/bin/python scripts/bench/e2e.py --no-skip-too ...        # beta0 also with every row computed
     .venv/bin/python scripts/bench/e2e.py --both-dtypes ...        # fp32 and bf16, ours and TRL's
@@ -18,7 +18,8 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --reward-ms 20 --async-reward-too  # a slow grader, inline vs async
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
-model, data and settings in the same invocation, and ``ratio_to_trl`` is our median step time
+model, data and settings in the same invocation, in a process of its own: with no value in this
+venv (TRL is installed into it when missing, ``_trl_common.ensure_trl``), or in the python given, and ``ratio_to_trl`` is our median step time
 over TRL's (the goal in issue 6 is <= 0.5). Without it, TRL's figures quoted in issue 6 are
 printed, labelled as not measured here. Everything else (model/data files, run folders) goes
 under ``--work-dir``; models and data are built once and reused.
@@ -43,6 +44,7 @@ SIZES = {
 MODES = {"beta0": False, "kl": True}  # actor_rollout_ref.actor.use_kl_loss
 # Issue 6, "Benchmark and the speed to reach": TRL 1.16 GRPOTrainer, medium size, this machine kind.
 TRL_QUOTED = {"beta0": {"step_s": 4.3, "gen_s": 1.2, "train_s": 3.1}, "kl": {"step_s": 5.3}}
+LENGTH_STATS = ("p50", "p80", "p95", "max", "mean", "clip_ratio")  # response_length/* the summary keeps
 STAGE_ORDER = ("gen", "reshard", "gen_worker", "reward", "old_log_prob", "ref", "adv", "update_actor",
                "update_actor_worker", "step")
 
@@ -94,10 +96,10 @@ def reward_overrides(args) -> list[str]:
             f"+custom_reward_function.reward_kwargs.busy={str(args.reward_busy).lower()}"]
 
 
-def recipe_overrides(args, model_path: str, data_dir: str, run_dir: str, use_kl: bool) -> list[str]:
+def recipe_overrides(args, model_path: str, data_dir: str, use_kl: bool) -> list[str]:
     return [*args.reward_overrides,
         f"data.train_files=[{data_dir}/train.parquet]", f"data.val_files=[{data_dir}/val.parquet]",
-        f"actor_rollout_ref.model.path={model_path}", f"trainer.default_local_dir={run_dir}",
+        f"actor_rollout_ref.model.path={model_path}",
         "data.max_prompt_length=16", f"data.max_response_length={args.response_length}",
         f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.samples}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini_batch or args.prompts}",
@@ -116,7 +118,7 @@ def recipe_overrides(args, model_path: str, data_dir: str, run_dir: str, use_kl:
 def median_after_warmup(records: list[dict], warmup: int) -> tuple[dict[str, float], int]:
     """Median of every numeric timing/perf metric over the steps after ``warmup``."""
     steps = [r for r in records if r.get("step", 0) > warmup] or records
-    keys = sorted({k for r in steps for k in r if k.startswith(("timing_s/", "perf/", "response_length/mean",
+    keys = sorted({k for r in steps for k in r if k.startswith(("timing_s/", "perf/", "response_length/",
                                                                 "critic/score/mean", "actor/skipped_rows_frac"))})
     out = {}
     for k in keys:
@@ -141,22 +143,29 @@ def summarise(records: list[dict], warmup: int, prompts: int, samples: int) -> d
         "tokens_per_s": round(med.get("perf/total_num_tokens", float("nan")) / step, 1),
         "gen_response_tokens_per_s": round(resp_tokens / stages["gen"], 1) if stages.get("gen") else None,
         "response_length_mean": round(med.get("response_length/mean", float("nan")), 2),
+        # the median over steps of each step's percentile (tokens, EOS included)
+        "response_length": {k.split("/", 1)[1]: round(v, 1) for k, v in med.items()
+                            if k.startswith("response_length/") and k.split("/", 1)[1] in LENGTH_STATS},
+        "gen_share": round(stages["gen"] / step, 3) if stages.get("gen") else None,
+        "gen_tail_share": round(med["perf/gen_tail_share"], 3) if "perf/gen_tail_share" in med else None,
+        "idle_frac": {k.split("/", 2)[2]: round(v, 3) for k, v in med.items() if k.startswith("perf/idle_frac/")},
         "score_mean": round(med.get("critic/score/mean", float("nan")), 4),
         # rows left out of the update because their advantage is 0 (actor.skip_zero_advantage)
         "skipped_rows_frac": round(med["actor/skipped_rows_frac"], 3) if "actor/skipped_rows_frac" in med else None,
     }
 
 
-def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (), tag: str = "",
-             env: dict | None = None) -> dict:
-    run_dir = os.path.join(args.work_dir, "runs", f"{size}-{mode}{tag}")
+def run_recipe(overrides: list[str], run_dir: str, timeout: int, env: dict | None = None,
+               config_name: str = "grpo") -> dict:
+    """One recipe run in a fresh process (its own Ray): {"records": metrics.jsonl's lines, "wall_s",
+    "stderr"}, or {"error", "command", "log_tail"} when it fails. ``run_dir`` is its default_local_dir."""
     metrics_file = os.path.join(run_dir, "metrics.jsonl")
     if os.path.exists(metrics_file):
         os.remove(metrics_file)  # the jsonl logger appends; a stale file would mix runs
-    cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
-           *recipe_overrides(args, paths[size], paths["data"], run_dir, MODES[mode]), *extra]
+    cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", config_name,
+           f"trainer.default_local_dir={run_dir}", *overrides]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not os.path.exists(metrics_file):
@@ -164,9 +173,19 @@ def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (
         return {"error": f"recipe exited {proc.returncode}", "command": " ".join(cmd), "log_tail": tail}
     with open(metrics_file) as f:
         records = [json.loads(line) for line in f if line.strip()]
-    steps_total = sum(r.get("timing_s/step", 0.0) for r in records)
-    return {**summarise(records, args.warmup, args.prompts, args.samples), "wall_s": round(wall, 1),
-            "startup_and_teardown_s": round(wall - steps_total, 1)}
+    return {"records": records, "wall_s": wall, "stderr": proc.stderr}
+
+
+def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (), tag: str = "",
+             env: dict | None = None) -> dict:
+    run_dir = os.path.join(args.work_dir, "runs", f"{size}-{mode}{tag}")
+    run = run_recipe([*recipe_overrides(args, paths[size], paths["data"], MODES[mode]), *extra],
+                     run_dir, args.timeout, env)
+    if "error" in run:
+        return run
+    steps_total = sum(r.get("timing_s/step", 0.0) for r in run["records"])
+    return {**summarise(run["records"], args.warmup, args.prompts, args.samples), "wall_s": round(run["wall_s"], 1),
+            "startup_and_teardown_s": round(run["wall_s"] - steps_total, 1)}
 
 
 def run_trl(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = ()) -> dict:
@@ -177,12 +196,18 @@ def run_trl(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = ()
            "--max-completion-length", str(args.response_length), "--warmup", str(args.warmup),
            "--threads", str(args.trl_threads), "--output-dir", os.path.join(args.work_dir, "trl", f"{size}-{mode}"),
            *shlex.split(args.trl_args), *extra]
+    return run_json_script(cmd, args.timeout)
+
+
+def run_json_script(cmd: list[str], timeout: int) -> dict:
+    """Run a bench script that prints its result as a JSON line last: that dict plus its wall time."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return {"error": f"TRL baseline exited {proc.returncode}", "log_tail": (proc.stderr or proc.stdout)[-3000:]}
+        return {"error": f"{os.path.basename(cmd[1])} exited {proc.returncode}",
+                "log_tail": (proc.stderr or proc.stdout)[-3000:]}
     return {**json.loads(lines[-1]), "wall_s": round(wall, 1)}
 
 
@@ -214,7 +239,8 @@ def parse_args(argv):
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward per worker")
     p.add_argument("--workers", type=int, default=2, help="trainer.n_gpus_per_node (CPU worker slots)")
     p.add_argument("--rollout", default="vllm", choices=("vllm", "hf"))
-    p.add_argument("--trl-python", default=None, help="a python with trl installed: also measure TRL here")
+    p.add_argument("--trl-python", nargs="?", const=sys.executable, default=None,
+                   help="also measure TRL, run by this python (alone: this venv's, TRL installed when missing)")
     p.add_argument("--trl-beta", type=float, default=0.001, help="TRL beta in the KL mode (= kl_loss_coef)")
     p.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
     p.add_argument("--trl-args", default="", help="extra flags for trl_grpo_baseline.py, written --trl-args=\"--bf16\"")
@@ -255,7 +281,7 @@ def parse_args(argv):
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must exceed --warmup {args.warmup} to leave steps to measure")
     if args.trl_python and not os.path.exists(args.trl_python):
-        p.error(f"--trl-python {args.trl_python}: no such file; create the venv (see trl_grpo_baseline.py)")
+        p.error(f"--trl-python {args.trl_python}: no such file")
     args.work_dir = os.path.abspath(args.work_dir)
     return args
 
@@ -264,6 +290,10 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     start = time.perf_counter()
     paths = build_assets(args.work_dir, args.sizes)
+    if args.trl_python:
+        from _trl_common import ensure_trl  # this folder is sys.path[0] when run as a script
+
+        ensure_trl(args.trl_python)
     args.reward_overrides = reward_overrides(args)  # the grader's file is written once, for every run
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     args.auto_dtype = actor_dtype(args.overrides)

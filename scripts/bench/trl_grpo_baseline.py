@@ -1,59 +1,44 @@
-"""TRL's GRPOTrainer on the e2e benchmark's setting, timed per step: the baseline of issue 6.
+"""TRL's GRPOTrainer, timed per step: the baseline of the e2e bench (issue 6) and of the long-tail
+bench (issue 32), on the arithmetic or the counting task.
 
-Runs in its OWN virtual environment (TRL pins its own transformers/accelerate; hybridflow's venv
-does not carry it):
+    .venv/bin/python scripts/bench/trl_grpo_baseline.py --task arithmetic --model M --data D/train.parquet
+    .venv/bin/python scripts/bench/trl_grpo_baseline.py --task count --prompts 16 --samples 8 \
+        --max-completion-length 256 --model M --data data/count/train.parquet
 
-    python3 -m venv /tmp/trl-venv
-    /tmp/trl-venv/bin/pip install torch==2.13.0          # first, so no CUDA build is pulled
-    /tmp/trl-venv/bin/pip install 'trl==1.16.*' transformers datasets accelerate pandas pyarrow
-    /tmp/trl-venv/bin/python scripts/bench/trl_grpo_baseline.py --model M --data D/train.parquet --beta 0
-
-``scripts/bench/e2e.py --trl-python /tmp/trl-venv/bin/python`` builds the model and data and calls
-this script itself. Setting, matched to our recipe run: the same seeded checkpoint and char
-tokenizer, the same arithmetic prompts (plain text, no chat template: the char tokenizer has
-none), 32 prompts x 4 generations per step, completions up to 16 tokens, one optimizer step per
-generation (steps_per_generation=1, num_iterations=1: strictly on-policy, so TRL computes no old
-log-probs), fp32 on CPU and no gradient checkpointing, like our recipe's defaults (TRL's own
-defaults are bf16 autocast and gradient checkpointing: ``--bf16 --gradient-checkpointing``), HF
-``generate`` (use_vllm=False), and the reward is hybridflow's arithmetic score, loaded from its
-file so both frameworks score identically.
+TRL runs in hybridflow's venv (never imported by the package, only by this script, in its own
+process); ``e2e.py --trl-python`` and ``longtail.py`` install it there when missing
+(``_trl_common.ensure_trl``, torch and transformers pinned) and call this script themselves.
+Setting, matched to our recipe run: the same checkpoint and char tokenizer, the same prompts
+(plain text, no chat template: the char tokenizer has none), ``--prompts`` x ``--samples``
+generations per step, one optimizer step per generation (steps_per_generation=1,
+num_iterations=1: strictly on-policy, so TRL computes no old log-probs), fp32 on CPU and no
+gradient checkpointing unless asked (TRL's own defaults are bf16 autocast and gradient
+checkpointing: ``--bf16 --gradient-checkpointing``), temperature 1, top_p 1, HF ``generate``
+(use_vllm=False), and the reward is hybridflow's for the task, loaded from its file so both
+frameworks score identically.
 
 Prints one JSON line: medians over the steps after ``--warmup`` of the whole step, of generation
-(``_generate``: tokenize + sample + decode), of the reference forward, and ``train_s`` = step - gen
-(issue 6 splits TRL's 4.3 s as 1.2 s generating + 3.1 s training this way).
+(``_generate``: tokenize + sample + decode), of the reference forward, ``train_s`` = step - gen
+(issue 6 splits TRL's 4.3 s as 1.2 s generating + 3.1 s training this way) and ``gen_share`` =
+gen / step; the completion lengths (tokens, EOS included, as TRL counts them): per step their
+p50/p80/p95/max, and the median of each over the measured steps (as longtail.py reads our
+``response_length/p*``); and ``gen_tail_share_est_from_lengths``: HF ``generate`` decodes the
+whole batch until its longest completion ends, at about the same cost per decode step, so the
+share of a generate call spent after the median completion ended is estimated as (longest -
+median) / longest, from the lengths alone (no timestamps; ours, ``perf/gen_tail_share``, is timed).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _trl_common import REPO, load_prompts, reward_func  # this folder is sys.path[0] when run as a script
 
-
-def load_arithmetic_score():
-    """hybridflow's arithmetic compute_score, imported from its file (it needs only ``re``), so the
-    TRL venv needs no hybridflow install and the reward is the same code as in our recipe."""
-    path = os.path.join(REPO, "hybridflow", "rewards", "arithmetic.py")
-    spec = importlib.util.spec_from_file_location("hf_arithmetic_reward", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.compute_score
-
-
-def load_prompts(parquet: str):
-    """verl-schema rows -> a datasets.Dataset with a plain-text ``prompt`` and its ``ground_truth``."""
-    import pandas as pd
-    from datasets import Dataset
-
-    rows = pd.read_parquet(parquet)
-    prompts = [list(p)[-1]["content"] for p in rows["prompt"]]
-    truths = [str(r["ground_truth"]) for r in rows["reward_model"]]
-    return Dataset.from_dict({"prompt": prompts, "ground_truth": truths})
+PERCENTILES = (50, 80, 95)
 
 
 class StageClock:
@@ -66,8 +51,9 @@ class StageClock:
     def add(self, key: str, seconds: float) -> None:
         self.current[key] = self.current.get(key, 0.0) + seconds
 
-    def wrap(self, obj, name: str, key, when=None) -> None:
-        """Replace ``obj.name`` by a timed call; ``key`` names the stage; ``when(args)`` filters."""
+    def wrap(self, obj, name: str, key, when=None, keep=None) -> None:
+        """Replace ``obj.name`` by a timed call; ``key`` names the stage; ``when(args)`` filters;
+        ``keep(result)`` returns {field: list} to append to the current step's record."""
         inner = getattr(obj, name)
 
         def timed(*args, **kwargs):
@@ -75,11 +61,43 @@ class StageClock:
                 return inner(*args, **kwargs)
             t0 = time.perf_counter()
             try:
-                return inner(*args, **kwargs)
+                result = inner(*args, **kwargs)
             finally:
                 self.add(key, time.perf_counter() - t0)
+            for field, values in (keep(result) if keep else {}).items():
+                self.current.setdefault(field, []).extend(values)
+            return result
 
         setattr(obj, name, timed)
+
+
+def length_stats(lengths: list[int]) -> dict[str, float]:
+    """p50/p80/p95 (numpy's linear interpolation, as our response_length/p*) and max of one step's
+    completion lengths."""
+    import numpy as np
+
+    out = {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES))}
+    return {**out, "max": float(max(lengths))}
+
+
+def tail_share_estimate(lengths: list[int]) -> float:
+    """The share of one HF generate call spent after its median completion ended, from lengths:
+    generate runs the batch until its longest completion ends, at about constant cost per decode
+    step (the finished rows still ride along), so (longest - median) / longest."""
+    longest = max(lengths)
+    return (longest - statistics.median(lengths)) / longest if longest else 0.0
+
+
+def summarise_lengths(steps: list[dict]) -> dict:
+    """The median over ``steps`` of each step's length percentiles and tail estimate (each step's
+    ``lengths`` are its one generate call's)."""
+    per_step = [{**length_stats(s["lengths"]), "tail": tail_share_estimate(s["lengths"])}
+                for s in steps if s.get("lengths")]
+    if not per_step:
+        return {}
+    med = {k: statistics.median(s[k] for s in per_step) for k in per_step[0]}
+    return {"completion_length": {k: round(v, 1) for k, v in med.items() if k != "tail"},
+            "gen_tail_share_est_from_lengths": round(med["tail"], 3)}
 
 
 def make_callback(clock: StageClock):
@@ -99,10 +117,12 @@ def make_callback(clock: StageClock):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench = os.path.join(REPO, "runs", "bench-e2e")  # where e2e.py builds its model and data
+    p.add_argument("--task", default="arithmetic", choices=("arithmetic", "count"),
+                   help="the data_source whose reward scores the completions")
     p.add_argument("--model", default=os.path.join(bench, "models", "qwen2-medium"),
                    help="an HF checkpoint folder with hybridflow's char tokenizer (default: e2e.py's medium model)")
     p.add_argument("--data", default=os.path.join(bench, "data", "train.parquet"),
-                   help="arithmetic train.parquet in verl's schema (default: e2e.py's)")
+                   help="the task's train.parquet in verl's schema (default: e2e.py's arithmetic one)")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient; > 0 loads a reference model")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1, help="leading steps left out of the medians")
@@ -129,22 +149,17 @@ def main(argv=None) -> int:
         from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as err:
-        # Not an error for `make bench`, whose venv has no TRL: the baseline is optional.
-        print(json.dumps({"skipped": f"{err}: run this with a python that has trl installed (see the "
-                                     "docstring), or e2e.py --trl-python /tmp/trl-venv/bin/python"}))
+        # Not an error for `make bench` in a venv without TRL: the baseline is optional.
+        print(json.dumps({"skipped": f"{err}: e2e.py --trl-python or longtail.py install TRL into this "
+                                     "venv (_trl_common.ensure_trl)"}))
         return 0
     for flag, path in (("--model", os.path.join(args.model, "config.json")), ("--data", args.data)):
         if not os.path.exists(path):
-            print(f"trl_grpo_baseline: {flag}: {path} does not exist; run scripts/bench/e2e.py once "
-                  f"(it builds the model and data) or pass {flag}", file=sys.stderr)
+            print(f"trl_grpo_baseline: {flag}: {path} does not exist; run scripts/bench/e2e.py (arithmetic) "
+                  f"or longtail.py (count) once (they build the model and data) or pass {flag}", file=sys.stderr)
             return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    compute_score = load_arithmetic_score()
-
-    def arithmetic_reward(completions, ground_truth, **_):
-        return [compute_score(c, gt) for c, gt in zip(completions, ground_truth)]
-
     # transformers 5 ignores a custom tokenizer.json under a qwen2 config with AutoTokenizer
     # (docs/environment.md), so load the char tokenizer as what it is.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
@@ -159,10 +174,12 @@ def main(argv=None) -> int:
         logging_steps=1, report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0,
         log_completions=False, disable_tqdm=True, gradient_checkpointing=args.gradient_checkpointing,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=arithmetic_reward, args=config,
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_func(args.task), args=config,
                           train_dataset=load_prompts(args.data), processing_class=tokenizer)
     clock = StageClock()
-    clock.wrap(trainer, "_generate", "gen_s")
+    # _generate returns (prompt_ids, completion_ids, ...); a completion's ids end at its EOS, included
+    clock.wrap(trainer, "_generate", "gen_s", keep=lambda out: {
+        "lengths": [len(ids) for ids in out[1]], "tokens": [sum(len(p) + len(c) for p, c in zip(out[0], out[1]))]})
     clock.wrap(trainer, "_generate_and_score_completions", "prepare_s")
     if trainer.ref_model is not None:
         ref = trainer.ref_model
@@ -179,10 +196,19 @@ def main(argv=None) -> int:
         "dtype": "bf16 autocast" if args.bf16 else "fp32", "beta": args.beta, "reference_model": trainer.ref_model is not None,
         "gradient_checkpointing": args.gradient_checkpointing,
         "steps_measured": len(measured),
+        "task": args.task, "prompts": args.prompts, "samples": args.samples,
+        "max_completion_length": args.max_completion_length,
         "step_s": round(med["step_s"], 4), "gen_s": round(med["gen_s"], 4),
+        "gen_share": round(med["gen_s"] / med["step_s"], 3),
+        # prompt + completion tokens (no padding) per second of step, as our perf/total_num_tokens / step
+        "tokens_per_s": round(statistics.median(sum(s.get("tokens", [0])) for s in measured) / med["step_s"], 1),
         "ref_s": round(med["ref_s"], 4), "train_s": round(med["step_s"] - med["gen_s"], 4),
         "score_and_logprob_s": round(med["prepare_s"] - med["gen_s"], 4),
-        "per_step": [{k: round(v, 4) for k, v in s.items()} for s in clock.steps], "train_wall_s": round(wall, 1),
+        **summarise_lengths(measured),
+        "per_step": [{k: round(v, 4) if k not in ("lengths", "tokens") else
+                      sum(v) if k == "tokens" else {**length_stats(v), "mean": round(statistics.mean(v), 1)}
+                      for k, v in s.items()} for s in clock.steps],
+        "train_wall_s": round(wall, 1),
     }))
     return 0
 
