@@ -39,7 +39,8 @@ def test_sft_pairs_are_the_task_prompts_and_answers(tmp_path):
         for (_, pair), (_, row) in zip(pairs.iterrows(), rows.iterrows()):
             assert list(pair["prompt"]) == list(row["prompt"])
             assert pair["response"] == row["extra_info"]["answer"]
-            start, end = (int(w) for w in row["extra_info"]["question"].removeprefix("count ").rstrip(":").split(" to "))
+            question = row["extra_info"]["question"]  # "count 137 to 141:"
+            start, end = (int(w) for w in question.removeprefix("count ").rstrip(":").split(" to "))
             assert pair["response"].split() == [str(k) for k in range(start, end + 1)]
 
 
