@@ -19,8 +19,8 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, in a process of its own: with no value in this
-venv (TRL is installed into it when missing, ``_trl_common.ensure_trl``), or in the python given, and ``ratio_to_trl`` is our median step time
-over TRL's (the goal in issue 6 is <= 0.5). Without it, TRL's figures quoted in issue 6 are
+venv (TRL is installed into it when missing, ``_trl_common.ensure_trl``), or in the python given,
+and ``ratio_to_trl`` is our median step time over TRL's (the goal in issue 6 is <= 0.5). Without it, TRL's figures quoted in issue 6 are
 printed, labelled as not measured here. Everything else (model/data files, run folders) goes
 under ``--work-dir``; models and data are built once and reused.
 """
