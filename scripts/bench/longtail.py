@@ -49,11 +49,7 @@ def assets(args) -> dict:
         return {"model": os.path.abspath(args.model), "data": os.path.abspath(args.data), "built": False}
     from workloads.count_model import build_longtail_assets
 
-    cwd = os.getcwd()
-    try:
-        built = build_longtail_assets(REPO)  # it works from the repository root
-    finally:
-        os.chdir(cwd)
+    built = build_longtail_assets(REPO)
     return {"model": os.path.abspath(args.model or built["model"]),
             "data": os.path.abspath(args.data or built["data"]), "built": built.get("built", False)}
 
