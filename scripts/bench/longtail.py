@@ -56,15 +56,16 @@ def assets(args) -> dict:
 
 def recipe_overrides(args, paths: dict) -> list[str]:
     """GRPO at the bench's shape; placement, FSDP layout and dtype stay the defaults."""
-    micro = args.prompts * args.samples // args.workers  # a worker's rows in one pass, as TRL's one process
-    return [
+    # micro-batches: our defaults unless --micro-batch (each is cut to its own longest row, so on
+    # long-tailed lengths small ones compute far less padding than one pass over a worker's rows)
+    micro = [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
+             f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}"] if args.micro_batch else []
+    return [*micro,
         f"data.train_files=[{paths['data']}/train.parquet]", f"data.val_files=[{paths['data']}/val.parquet]",
         f"actor_rollout_ref.model.path={paths['model']}", "data.apply_chat_template=false",
         f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.response_length}",
         f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.samples}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",  # one optimizer step per batch
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch or micro}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch or micro}",
         "actor_rollout_ref.actor.use_kl_loss=false", f"actor_rollout_ref.actor.optim.lr={args.lr}",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
         f"trainer.n_gpus_per_node={args.workers}", f"trainer.total_training_steps={args.steps}",
@@ -130,7 +131,7 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--workers", type=int, default=2, help="trainer.n_gpus_per_node (CPU worker slots)")
     p.add_argument("--micro-batch", type=int, default=0,
-                   help="sequences per forward/backward per worker (0: all of a worker's rows at once)")
+                   help="sequences per forward/backward per worker (0: our defaults, 4 per update and 8 per log-prob pass)")
     p.add_argument("--both-dtypes", action="store_true", help="also run TRL in the dtype ours did not resolve to")
     p.add_argument("--no-trl", action="store_true", help="ours only")
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-longtail"))

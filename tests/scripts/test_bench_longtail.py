@@ -63,4 +63,8 @@ def test_recipe_overrides_keep_the_default_layout():
     overrides = longtail.recipe_overrides(args, {"model": "/m", "data": "/d"})
     assert not any(o.split("=")[0].endswith(("param_dtype", "fsdp_size", "placement")) for o in overrides)
     assert "actor_rollout_ref.rollout.n=8" in overrides and "data.train_batch_size=16" in overrides
-    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64" in overrides  # 128 rows / 2 workers
+    # micro-batch sizes are ours by default, and set by --micro-batch
+    assert not any("micro_batch_size" in o for o in overrides)
+    args = longtail.parse_args(["--micro-batch", "16"])
+    overrides = longtail.recipe_overrides(args, {"model": "/m", "data": "/d"})
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16" in overrides
