@@ -3,8 +3,9 @@
 
 TRL keeps ITS OWN defaults (GRPOConfig: bf16 autocast, gradient checkpointing, the DAPO loss, a
 linear LR decay over 3 epochs, 8 completions per device step, ...) except what the comparison
-fixes: the model (loaded in the checkpoint's fp32, as ours loads it), the training prompts, the
-learning rate, ``num_generations`` (our rollout.n), ``max_completion_length`` (our
+fixes: the model (loaded in the checkpoint's fp32, as ours loads it), the training prompts and
+the run's length in prompts (``--max-prompts``, ours; it sets max_steps, which TRL's linear LR
+decay spans), the learning rate, ``num_generations`` (our rollout.n), ``max_completion_length`` (our
 max_response_length), use_cpu and the seed. ``--prompts-per-step P`` also sets our batch
 (``per_device_train_batch_size = P * num_generations``), since TRL's default batch is 1 prompt per
 step where ours is 16 or 64.
@@ -119,6 +120,8 @@ def parse_args(argv):
     p.add_argument("--max-completion-length", type=int, required=True)
     p.add_argument("--prompts-per-step", type=int, default=0, help="0: TRL's default batch")
     p.add_argument("--val-every-prompts", type=int, required=True, help="training prompts between validations")
+    p.add_argument("--max-prompts", type=int, required=True,
+                   help="training prompts of the whole run (ours: total_training_steps x train_batch_size)")
     p.add_argument("--target", type=float, required=True)
     p.add_argument("--max-seconds", type=float, default=480.0, help="since --launch-time")
     p.add_argument("--launch-time", type=float, default=None, help="epoch seconds the caller launched us at")
@@ -161,6 +164,9 @@ def main(argv=None) -> int:
     # prompts per optimizer step, one process: each device step holds num_generations completions per prompt
     prompts_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps // config.num_generations
     val_every = steps_between_validations(args.val_every_prompts, prompts_per_step)
+    # the run's length (and so the span of TRL's linear LR decay) in prompts, as long as ours: TRL's
+    # default of 3 epochs ended the demo at our batch after 96 steps, before either reached 0.6
+    config.max_steps = steps_between_validations(args.max_prompts, prompts_per_step)
     trainer = GRPOTrainer(model=model, reward_funcs=reward_func(args.data_source), args=config,
                           train_dataset=load_prompts(args.train), processing_class=tokenizer)
     callback = make_callback(args, val_every, prompts_per_step, tokenizer, load_prompts(args.val),
