@@ -56,13 +56,12 @@ from e2e import actor_dtype  # noqa: E402
 
 COUNT_TEST_FREQ = 5
 # The long-tail workload's GRPO run as longtail.py sets it (16 prompts x 8, prompts up to 24 and
-# answers up to 256 tokens, no KL loss, lr 1e-5, one optimizer step per batch, a worker's 64 rows in
-# one pass), grpo.yaml's defaults otherwise (param_dtype auto: bf16 on AVX512-BF16 CPUs)
+# answers up to 256 tokens, no KL loss, lr 1e-5, one optimizer step per batch), grpo.yaml's
+# defaults otherwise (its micro-batch sizes; param_dtype auto: bf16 on AVX512-BF16 CPUs)
 COUNT_SETTINGS = [
     "data.max_prompt_length=24", "data.max_response_length=256", "data.train_batch_size=16",
     "data.apply_chat_template=false", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64", "actor_rollout_ref.actor.use_kl_loss=false",
+    "actor_rollout_ref.actor.use_kl_loss=false",
     "actor_rollout_ref.actor.optim.lr=1e-5", "trainer.n_gpus_per_node=2", "trainer.total_epochs=100",
     # the run's length (TRL's LR decays over it); --max-minutes stops both well before
     "trainer.total_training_steps=300",
