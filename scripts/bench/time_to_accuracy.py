@@ -10,10 +10,11 @@ Tasks:
   steps), target 0.6 (the demo starts near 0.37 and ``make run`` passed 0.6 at step 220).
 - ``count``: the long-tail counting workload (``workloads/count_model.py``: the ~25M Qwen2
   warm-started on it, 16 prompts x 8, lr 1e-5, up to 256 response tokens, grpo.yaml's defaults
-  otherwise), validation every 5 steps (80 prompts). Target 0.52: the warm model's greedy score
-  (0.468 in workloads/count_model.py's build.json; a fifth of its greedy answers run to 256 tokens
-  without stopping) plus 0.05, a gain both frameworks can show within minutes at lr 1e-5 if either
-  can.
+  otherwise), validation every 5 steps (80 prompts). Target 0.58: the warm model's greedy start
+  (0.487 here in ours, 0.491 in TRL's validation; a fifth of its greedy answers run to 256 tokens
+  without stopping) plus about 0.1, which ours passed after 20 steps (2 min) on 2026-11-26; at
+  0.52 (start + 0.03) both frameworks passed at their first validation, so that target compares
+  only the cost of the first 80 prompts.
 
 Ours: the recipe in a subprocess (``python -m recipes.main_ppo``) with validation before training
 and every ``test_freq`` steps; this script polls its ``metrics.jsonl`` and sends SIGTERM (the
@@ -276,8 +277,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default="demo,count", help="comma list of: " + ", ".join(TASKS))
     p.add_argument("--target-demo", type=float, default=0.6)
-    p.add_argument("--target-count", type=float, default=0.52,
-                   help="the warm model's greedy start (0.468, build.json) + 0.05")
+    p.add_argument("--target-count", type=float, default=0.58,
+                   help="the warm model's greedy start (0.487) + about 0.1")
     p.add_argument("--max-minutes", type=float, default=8.0, help="cap per run; then 'not reached' and its best")
     p.add_argument("--trl-our-batch", action="store_true", help="also run TRL with our prompts per step")
     p.add_argument("--skip", default="", help="comma list of runs to leave out: ours, trl_defaults, trl_our_batch")
