@@ -146,9 +146,7 @@ def demo_task(args) -> dict:
 def count_task(args) -> dict:
     from workloads.count_model import build_longtail_assets
 
-    cwd = os.getcwd()
-    assets = build_longtail_assets(REPO)  # it changes directory to REPO
-    os.chdir(cwd)
+    assets = build_longtail_assets(REPO)
     data, model = assets["data"], assets["model"]
     overrides = [f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/val.parquet]",
                  f"actor_rollout_ref.model.path={model}", *COUNT_SETTINGS]
