@@ -100,8 +100,14 @@ def make_actor_loss_fn(obj: ActorObjective):
         old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"]
         pg = policy_loss(old_log_prob, log_prob, b["advantages"], mask, policy_cfg)
         rows, meta, mode = len(micro), micro.meta_info, obj.loss_agg_mode
-        loss = mini_batch_agg(pg.token_losses, mask, pg.loss_agg_mode or mode, meta, rows)  # gspo fixes its own
-        metrics = {"actor/pg_loss": _f(pg.pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
+        token_losses, pg_loss = pg.token_losses, pg.pg_loss
+        if "rollout_is_weights" in b.keys():
+            # verl's rollout correction (rollout_correction.py): each token's loss times its detached
+            # truncated weight pi_old / pi_rollout, before the aggregation, as verl's policy losses do
+            token_losses = token_losses * b["rollout_is_weights"].to(token_losses.dtype)
+            pg_loss = agg_loss(token_losses, mask, pg.loss_agg_mode or mode)
+        loss = mini_batch_agg(token_losses, mask, pg.loss_agg_mode or mode, meta, rows)  # gspo fixes its own
+        metrics = {"actor/pg_loss": _f(pg_loss), "actor/pg_clipfrac": _f(pg.pg_clipfrac),
                    "actor/ppo_kl": _f(pg.ppo_kl), "actor/pg_clipfrac_lower": _f(pg.pg_clipfrac_lower)}
         if on_policy and "rollout_log_probs" in b.keys():
             # the sampler-vs-trainer check, on this forward (the engines keep the max over micro-batches)

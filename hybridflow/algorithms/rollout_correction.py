@@ -77,17 +77,17 @@ def parse_rs_thresholds(options: list[str], spec) -> dict[str, tuple[float | Non
     parts = parts * len(options) if len(parts) == 1 else parts
     out = {}
     for opt, part in zip(options, parts):
+        if "_" in part and not opt.endswith("k1"):
+            raise ValueError(f"{opt} takes one upper bound, not a range: {part!r}")
         try:
             if opt.endswith("k1"):
                 lo, hi = (float(v) for v in part.split("_", 1)) if "_" in part else (1 / float(part), float(part))
-            elif "_" in part:
-                raise ValueError(f"rollout_rs_threshold for {opt} is one upper bound, not a range: {part!r}")
             else:
                 lo, hi = None, float(part)
-        except (ValueError, ZeroDivisionError) as e:
-            raise ValueError(f"rollout_rs_threshold {part!r} for {opt}: {e}") from None
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"{part!r} for {opt} is not a number (k1: lower_upper or one number)") from None
         if hi <= 0 or (lo is not None and lo <= 0):
-            raise ValueError(f"rollout_rs_threshold for {opt} must be positive, got {part!r}")
+            raise ValueError(f"{opt}'s bounds must be positive, got {part!r}")
         out[opt] = (lo, hi)
     return out
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.config.keys import NON_NEGATIVE, UNIT, Registry, key
+from hybridflow.config.keys import GREATER_THAN_0, NON_NEGATIVE, UNIT, Registry, key
 
 
 @dataclass
@@ -24,6 +24,24 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's rollout correction (hybridflow/algorithms/rollout_correction.py): weights and rejection
+    between the rollout's log-probs and the trainer's old log-probs. Off by default (both null)."""
+    rollout_is: str | None = key(None, "null | token | sequence: truncated importance weights "
+                                       "min(pi_old/pi_rollout, rollout_is_threshold) on the policy loss",
+                                 choices=("token", "sequence"))
+    rollout_is_threshold: float = key(2.0, "the weights' upper bound (TIS's C)", GREATER_THAN_0)
+    rollout_is_batch_normalize: bool = key(False, "divide the weights by their batch mean (of tokens for "
+                                                  "token, of sequences for sequence)")
+    rollout_rs: str | None = key(None, "null, or comma-separated rejection options {token,seq_sum,seq_mean}_k1, "
+                                       "{token,seq_sum,seq_mean,seq_max}_{k2,k3}: rejected tokens/rows leave "
+                                       "the response mask (seq_mean_k1: the geometric-mean ratio)")
+    rollout_rs_threshold: float | str | None = key(None, "rollout_rs's bounds, one shared or one per option "
+                                                         "(comma-separated): k1 a ratio range lower_upper, or U "
+                                                         "for 1/U_U; k2/k3 an upper bound")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = key("gae", "gae | grpo | remax | rloo | reinforce_plus_plus",
                              choices=Registry("ADVANTAGE_ESTIMATORS", extensible=True))
@@ -35,3 +53,5 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = key(KLCtrlConfig(), "the reward penalty's KL coefficient")
     filter_groups: FilterGroupsConfig = key(FilterGroupsConfig(), "DAPO's dynamic sampling "
                                                                   "(hybridflow/algorithms/dynamic_sampling.py)")
+    rollout_correction: RolloutCorrectionConfig = key(RolloutCorrectionConfig(), "off-policy correction of the "
+                                                      "sampler-vs-trainer mismatch (verl's rollout_correction)")

@@ -162,3 +162,38 @@ def checkpoint_errors(cfg) -> list[str]:
                               f"{list(required)} (a resumed run equals an uninterrupted one); add them "
                               "(hf_model is the optional extra)")
     return errors
+
+
+RC = "algorithm.rollout_correction"
+
+
+def rollout_correction_on(rc) -> bool:
+    """Weights or rejection asked for: the trainer then needs the old log-probs' forward."""
+    return rc.rollout_is is not None or bool(rc.rollout_rs)
+
+
+def rollout_correction_errors(cfg) -> list[str]:
+    """Rejection options and thresholds that hybridflow/algorithms/rollout_correction.py would refuse,
+    and a correction without the trainer's old log-probs to correct against."""
+    from hybridflow.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS, parse_rs, parse_rs_thresholds
+
+    rc, errors = cfg.algorithm.rollout_correction, []
+    options = parse_rs(rc.rollout_rs)
+    unknown = [o for o in options if o not in ROLLOUT_RS_OPTIONS]
+    errors += [unknown_name(f"{RC}.rollout_rs", o, ROLLOUT_RS_OPTIONS) for o in unknown]
+    if options and not unknown:
+        if rc.rollout_rs_threshold is None:
+            errors.append(f"{RC}.rollout_rs={rc.rollout_rs} needs {RC}.rollout_rs_threshold (e.g. 2.0 for k1: "
+                          "keep ratios in [0.5, 2]; an upper bound for k2/k3)")
+        else:
+            try:
+                parse_rs_thresholds(options, rc.rollout_rs_threshold)
+            except ValueError as e:
+                errors.append(f"{RC}.rollout_rs_threshold={rc.rollout_rs_threshold!r}: {e}")
+    if not options and rc.rollout_rs_threshold is not None:
+        errors.append(f"{RC}.rollout_rs_threshold={rc.rollout_rs_threshold!r} is used only by rollout rejection: "
+                      f"set {RC}.rollout_rs, or leave the threshold null")
+    if rollout_correction_on(rc) and cfg.actor_rollout_ref.actor.recompute_old_log_prob == "skip":
+        errors.append(f"{RC} weighs pi_old/pi_rollout, but {ARR}.actor.recompute_old_log_prob=skip computes no "
+                      "old log-probs: use auto or always")
+    return errors

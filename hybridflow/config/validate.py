@@ -17,7 +17,8 @@ from hybridflow.config.ranges import name_errors as declared_name_errors, range_
 from hybridflow.config.resolve import strictly_on_policy
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
-    checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_errors,
+    checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_correction_errors,
+    rollout_correction_on, rollout_errors,
 )
 from hybridflow.host_checks import data_file_errors, device_errors, output_folder_errors, path_error
 from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, model_folders, read_model_config
@@ -40,7 +41,8 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if errors:  # the checks below divide by these values
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
-    errors = (algorithm_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg) + unsupported_errors(cfg)
+    errors = (algorithm_errors(cfg) + rollout_correction_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg)
+              + unsupported_errors(cfg)
               + lora_errors(cfg) + checkpoint_errors(cfg) + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
         d = derive(cfg)
@@ -137,7 +139,8 @@ def algorithm_errors(cfg: RootConfig) -> list[str]:
         (alg.filter_groups.enable and r.n < 2, "algorithm.filter_groups.enable=true compares the samples of a prompt: "
          f"set {ARR}.rollout.n>=2 (it is {r.n})"),
         (t.val_only and not data.val_files, "trainer.val_only=true needs data.val_files to validate on"),
-        (cfg.actor_rollout_ref.actor.recompute_old_log_prob == "skip" and not strictly_on_policy(cfg),
+        (cfg.actor_rollout_ref.actor.recompute_old_log_prob == "skip" and not strictly_on_policy(cfg)
+         and not rollout_correction_on(alg.rollout_correction),  # rollout_correction_errors says why
          f"{ARR}.actor.recompute_old_log_prob=skip needs a strictly on-policy update (ppo_epochs=1, "
          "ppo_mini_batch_size=data.train_batch_size, algorithm.use_kl_in_reward=false): use auto or always"),
         (t.critic_warmup > 1 and not needs_critic(cfg),  # 1: the actor trains from step 1

@@ -19,6 +19,7 @@ from hybridflow.algorithms import (
     apply_kl_penalty, combine_metric, compute_advantage, get_advantage_estimator, make_kl_controller,
 )
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
+from hybridflow.config.rules import rollout_correction_on
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt, pool_calls
 from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home before checkpoint.py)
@@ -26,6 +27,7 @@ from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
+from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.timeline import StageTimeline, timer
 from hybridflow.trainer.reward_process import PendingModelScores, RewardProcess, model_scoring, score_batch
 from hybridflow.trainer.val_metrics import join_columns, validation_metrics
@@ -59,6 +61,8 @@ class PPOTrainer:
         actor = cfg.actor_rollout_ref.actor
         # strictly on-policy: no separate old-log-prob forward (config/resolve.py strictly_on_policy)
         self.on_policy = actor.recompute_old_log_prob == "skip"
+        # verl's rollout correction (trainer/rollout_correction.py); None when off
+        self.rollout_correction = algo.rollout_correction if rollout_correction_on(algo.rollout_correction) else None
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
                                           algo.kl_ctrl.horizon)
         # the reward function scores in its own process while the workers compute old log-probs,
@@ -153,6 +157,8 @@ class PPOTrainer:
                     self._apply_scores(batch, pending.result(), metrics, order)
                 carried = take_carried(batch)
 
+            if self.rollout_correction is not None:  # verl's place: after pi_old, before the advantages
+                metrics.update(apply_rollout_correction(batch, self.rollout_correction))
             with timer("adv", metrics):
                 self.compute_advantages(batch, baselines, metrics)
             if self.critic is not None:  # verl's order: the critic's update, then the actor's

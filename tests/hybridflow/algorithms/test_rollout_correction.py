@@ -98,13 +98,15 @@ def test_threshold_parsing_and_errors():
     assert parse_rs_thresholds(["token_k1"], 2.0) == {"token_k1": (0.5, 2.0)}
     assert parse_rs_thresholds(["seq_sum_k1", "token_k2"], "0.8_1.5,3") == {
         "seq_sum_k1": (0.8, 1.5), "token_k2": (None, 3.0)}
-    with pytest.raises(ValueError, match="one upper bound"):
+    with pytest.raises(ValueError, match="token_k2 takes one upper bound"):
         parse_rs_thresholds(["token_k2"], "0.5_2")
     with pytest.raises(ValueError, match="2 thresholds for 3"):
         parse_rs_thresholds(["token_k1", "token_k2", "token_k3"], "1,2")
+    with pytest.raises(ValueError, match="not a number"):
+        parse_rs_thresholds(["token_k1"], "a_b")
     with pytest.raises(ValueError, match="must be set"):
         parse_rs_thresholds(["token_k1"], None)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="must be positive"):
         parse_rs_thresholds(["token_k3"], -1)
     with pytest.raises(ValueError, match="shapes differ"):
         rollout_correction(OLD, ROLLOUT[:, :2], MASK)
