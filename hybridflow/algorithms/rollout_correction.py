@@ -35,6 +35,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from hybridflow.algorithms.masked import masked_mean
+
 SAFETY_BOUND = 20.0  # exp(20) ~ 4.9e8: log ratios are clamped here before exponentiating (as verl)
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
@@ -46,12 +48,6 @@ class RolloutCorrection(NamedTuple):
     weights: Tensor | None  # [B, R] detached TIS weights (0 on padding), None when rollout_is is null
     response_mask: Tensor  # [B, R] the response mask with rejected tokens set to 0
     metrics: dict[str, float]  # rollout_corr/*
-
-
-def _masked_mean(x: Tensor, mask: Tensor, dim=None) -> Tensor:
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp_min(1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
 
 
 def parse_rs(rollout_rs: str | None) -> list[str]:
@@ -99,8 +95,8 @@ def is_weights(log_ratio: Tensor, mask: Tensor, level: str, threshold: float,
     batch mean. The metrics are of the weights before truncation (verl's ``rollout_is_*``)."""
     if level == "token":
         raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
-        high = _masked_mean((raw > threshold).float(), mask)
-        low = _masked_mean((raw < 1 / threshold).float(), mask)
+        high = masked_mean((raw > threshold).float(), mask)
+        low = masked_mean((raw < 1 / threshold).float(), mask)
         valid = raw[mask.bool()]
     elif level == "sequence":
         seq_log = (log_ratio * mask).sum(-1, keepdim=True)
@@ -111,7 +107,7 @@ def is_weights(log_ratio: Tensor, mask: Tensor, level: str, threshold: float,
         low = (valid < 1 / threshold).float().mean() if valid.numel() else torch.zeros(())
     else:
         raise ValueError(f"rollout_is must be token or sequence, got {level!r}")
-    metrics = {"rollout_is_mean": float(_masked_mean(raw, mask)),
+    metrics = {"rollout_is_mean": float(masked_mean(raw, mask)),
                "rollout_is_max": float(valid.max()) if valid.numel() else 0.0,
                "rollout_is_min": float(valid.min()) if valid.numel() else 0.0,
                "rollout_is_ratio_fraction_high": float(high), "rollout_is_ratio_fraction_low": float(low)}
@@ -122,10 +118,10 @@ def is_weights(log_ratio: Tensor, mask: Tensor, level: str, threshold: float,
         if w.numel() else 0.0
     if batch_normalize:
         if level == "token":
-            mean = _masked_mean(weights, mask)
+            mean = masked_mean(weights, mask)
         else:  # one weight per sequence: the mean over sequences, not tokens (long rows do not count more)
             rows = mask.sum(-1) > 0
-            mean = _masked_mean(weights, mask, dim=-1)[rows].mean() if rows.any() else torch.zeros(())
+            mean = masked_mean(weights, mask, dim=-1)[rows].mean() if rows.any() else torch.zeros(())
         if mean > 1e-8:
             weights = weights / mean
         metrics["rollout_is_batch_norm_factor"] = float(mean) if mean > 1e-8 else 1.0
@@ -150,7 +146,7 @@ def rejection_mask(log_ratio: Tensor, mask: Tensor, options: list[str],
         elif opt.startswith("seq_sum_"):
             stat = (token_stat * mask).sum(-1, keepdim=True)
         elif opt.startswith("seq_mean_"):
-            stat = _masked_mean(token_stat, mask, dim=-1).unsqueeze(-1)
+            stat = masked_mean(token_stat, mask, dim=-1).unsqueeze(-1)
         elif opt.startswith("seq_max_"):
             stat = token_stat.masked_fill(~maskb, float("-inf")).max(-1, keepdim=True).values
         else:
@@ -162,10 +158,10 @@ def rejection_mask(log_ratio: Tensor, mask: Tensor, options: list[str],
             ok = stat <= hi
         ok = ok.expand_as(mask)
         keep &= ok
-        metrics[f"rollout_rs_{opt}_masked_fraction"] = float(_masked_mean((~ok).float(), mask))
+        metrics[f"rollout_rs_{opt}_masked_fraction"] = float(masked_mean((~ok).float(), mask))
         metrics[f"rollout_rs_{opt}_seq_masked_fraction"] = float((~ok & maskb).any(-1).float().mean())
     new_mask = mask * keep.to(mask.dtype)
-    metrics["rollout_rs_masked_fraction"] = float(_masked_mean((~keep).float(), mask))
+    metrics["rollout_rs_masked_fraction"] = float(masked_mean((~keep).float(), mask))
     metrics["rollout_rs_seq_masked_fraction"] = float((~keep & maskb).any(-1).float().mean())
     return new_mask, metrics
 
@@ -176,14 +172,14 @@ def offpolicy_metrics(old_log_prob: Tensor, rollout_log_prob: Tensor, mask: Tens
     m = mask.to(old_log_prob.dtype)
     log_ratio = old_log_prob - rollout_log_prob
     rows = m.sum(-1) > 0
-    mean_old = _masked_mean(old_log_prob, m, dim=-1)[rows]
-    mean_rollout = _masked_mean(rollout_log_prob, m, dim=-1)[rows]
+    mean_old = masked_mean(old_log_prob, m, dim=-1)[rows]
+    mean_rollout = masked_mean(rollout_log_prob, m, dim=-1)[rows]
     lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     log_ppl_diff = mean_rollout - mean_old  # log(ppl_old / ppl_rollout)
     if not rows.any():
         return {}
-    return {"kl": float(_masked_mean(-log_ratio, m)),
-            "k3_kl": float(_masked_mean(torch.exp(lr) - lr - 1, m)),
+    return {"kl": float(masked_mean(-log_ratio, m)),
+            "k3_kl": float(masked_mean(torch.exp(lr) - lr - 1, m)),
             "training_ppl": float(torch.exp(-mean_old).mean()),
             "rollout_ppl": float(torch.exp(-mean_rollout).mean()),
             "log_ppl_diff": float(log_ppl_diff.mean()),
