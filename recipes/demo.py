@@ -54,18 +54,13 @@ GRPO_OVERRIDES = [
 
 def build_assets() -> None:
     """Write the task files and the initial model if they are not there yet (seeded: same bytes every time)."""
-    import pandas as pd
-
     from hybridflow.data import ArithmeticTaskConfig, write_arithmetic_parquet
+    from hybridflow.data.task_files import write_sft_pairs
     from hybridflow.tiny import make_tiny_checkpoint
 
     if not os.path.exists(f"{DATA}/sft_val.parquet"):
         write_arithmetic_parquet(DATA, ArithmeticTaskConfig(**TASK))
-        for split in ("train", "val"):
-            rows = pd.read_parquet(f"{DATA}/{split}.parquet")
-            pairs = pd.DataFrame({"prompt": rows["prompt"],
-                                  "response": [r["ground_truth"] for r in rows["reward_model"]]})
-            pairs.to_parquet(f"{DATA}/sft_{split}.parquet", index=False)
+        write_sft_pairs(DATA)
         print(f"demo: wrote the arithmetic task to {DATA}/")
     if not os.path.exists(f"{INIT_MODEL}/config.json"):
         with shard_bar_hidden():

@@ -1,5 +1,5 @@
-"""What the synthetic tasks (arithmetic.py, count.py) share: their train/val parquet files and a
-command line whose flags are their config dataclass's fields."""
+"""What the synthetic tasks (arithmetic.py, count.py) share: their train/val parquet files, the SFT
+pairs written beside them, and a command line whose flags are their config dataclass's fields."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,17 @@ def write_splits(out_dir: str, train: list[dict], val: list[dict]) -> tuple[str,
         pd.DataFrame(rows).to_parquet(path, index=False)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def write_sft_pairs(data_dir: str) -> None:
+    """``sft_train.parquet`` and ``sft_val.parquet`` (columns ``prompt``, ``response``: the SFT
+    recipe's) beside a task's RL files: each row's prompt and its ground-truth answer."""
+    import pandas as pd
+
+    for split in ("train", "val"):
+        rows = pd.read_parquet(os.path.join(data_dir, f"{split}.parquet"))
+        pairs = pd.DataFrame({"prompt": rows["prompt"], "response": [r["ground_truth"] for r in rows["reward_model"]]})
+        pairs.to_parquet(os.path.join(data_dir, f"sft_{split}.parquet"), index=False)
 
 
 def task_main(config_cls: type, write: Callable, argv: list[str] | None, description: str) -> None:

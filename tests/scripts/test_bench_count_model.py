@@ -1,16 +1,14 @@
 """The long-tail model builder's pure parts (scripts/bench/workloads/count_model.py): the length
-profile, its comparison with the data's, and the SFT pairs. The SFT and sampling are not run here."""
+profile and its comparison with the data's (the SFT pairs: tests/hybridflow/data/test_task_files.py).
+The SFT and sampling are not run here."""
 import os
 import sys
 
-import pandas as pd
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench"))
 
-from workloads.count_model import percentile_profile, profile_gaps, profile_matches, write_sft_pairs  # noqa: E402
-
-from hybridflow.data.count import CountTaskConfig, write_count_parquet  # noqa: E402
+from workloads.count_model import percentile_profile, profile_gaps, profile_matches  # noqa: E402
 
 
 def test_percentile_profile_interpolates_like_numpy():
@@ -27,21 +25,6 @@ def test_profile_match_needs_every_percentile_within_tolerance():
     assert not profile_matches({"p50": 20.0, "p80": 32.0, "p95": 100.0}, data, tolerance=0.25)
     # the tail right, but too many long answers in the body (p80)
     assert not profile_matches({"p50": 20.0, "p80": 60.0, "p95": 160.0}, data, tolerance=0.25)
-
-
-def test_sft_pairs_are_the_task_prompts_and_answers(tmp_path):
-    write_count_parquet(str(tmp_path), CountTaskConfig(train_size=16, val_size=4, seed=3))
-    write_sft_pairs(str(tmp_path))
-    for split, size in (("train", 16), ("val", 4)):
-        rows = pd.read_parquet(tmp_path / f"{split}.parquet")
-        pairs = pd.read_parquet(tmp_path / f"sft_{split}.parquet")
-        assert list(pairs.columns) == ["prompt", "response"] and len(pairs) == size
-        for (_, pair), (_, row) in zip(pairs.iterrows(), rows.iterrows()):
-            assert list(pair["prompt"]) == list(row["prompt"])
-            assert pair["response"] == row["extra_info"]["answer"]
-            question = row["extra_info"]["question"]  # "count 137 to 141:"
-            start, end = (int(w) for w in question.removeprefix("count ").rstrip(":").split(" to "))
-            assert pair["response"].split() == [str(k) for k in range(start, end + 1)]
 
 
 if __name__ == "__main__":

@@ -107,16 +107,6 @@ def train_answer_profile(parquet: str) -> dict:
     return percentile_profile([answer_tokens(int(x["count"])) + 1 for x in rows["extra_info"]])
 
 
-def write_sft_pairs(data_dir: str) -> None:
-    """``sft_{train,val}.parquet`` (columns prompt, response) from the task's RL rows, as the demo's."""
-    import pandas as pd
-
-    for split in ("train", "val"):
-        rows = pd.read_parquet(os.path.join(data_dir, f"{split}.parquet"))
-        pd.DataFrame({"prompt": rows["prompt"], "response": [r["ground_truth"] for r in rows["reward_model"]]}
-                     ).to_parquet(os.path.join(data_dir, f"sft_{split}.parquet"), index=False)
-
-
 def sample_profile(model: str, parquet: str, n: int = SAMPLES_PER_PROMPT) -> dict:
     """Sample ``model`` on ``parquet``'s prompts (count_sample.py, a process of its own); its
     sampled and greedy length profiles and mean scores, and the answers' length profile."""
@@ -143,6 +133,7 @@ def _build_inputs(root: str) -> None:
     data, init = os.path.join(root, DATA), os.path.join(root, INIT_MODEL)
     if not os.path.exists(os.path.join(data, "sft_val.parquet")):
         from hybridflow.data.count import write_count_parquet
+        from hybridflow.data.task_files import write_sft_pairs
 
         write_count_parquet(data)
         write_sft_pairs(data)
