@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     from hybridflow.data.dataset import encode_prompt
     from hybridflow.rewards.count import compute_score
     from hybridflow.tiny import load_tokenizer
+    from workers.rollout.base import truncate_at_stop
 
     rows = pd.read_parquet(args.parquet)
     if args.limit:
@@ -72,9 +73,7 @@ def main(argv=None) -> int:
         lengths, scores = [], []
         for out, truth in zip(outputs, truths):
             for c in out.outputs:
-                tokens = list(c.token_ids)
-                cut = tokens.index(eos) + 1 if eos in tokens else len(tokens)
-                tokens = tokens[:min(cut, args.max_tokens)]
+                tokens, _ = truncate_at_stop(c.token_ids, [], [eos], args.max_tokens)
                 lengths.append(len(tokens))
                 scores.append(compute_score(tokenizer.decode([t for t in tokens if t != eos]), truth))
         return {"lengths": lengths, "scores": scores, "seconds": round(time.perf_counter() - t0, 2)}
