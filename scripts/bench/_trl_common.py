@@ -62,6 +62,18 @@ def load_prompts(parquet: str):
     return Dataset.from_dict({"prompt": prompts, "ground_truth": truths})
 
 
+def load_policy(model_path: str):
+    """The checkpoint in fp32 (as our recipes load it) and its char tokenizer, left-padded for
+    generation. transformers 5 ignores a custom tokenizer.json under a qwen2 config with
+    AutoTokenizer (docs/environment.md), so the tokenizer is loaded as what it is."""
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), tokenizer
+
+
 def reward_func(data_source: str):
     """A TRL reward function (``completions, ground_truth, **kwargs -> list[float]``) for the task."""
     compute_score = load_score(data_source)

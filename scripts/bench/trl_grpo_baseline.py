@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 
-from _trl_common import REPO, load_prompts, reward_func  # this folder is sys.path[0] when run as a script
+from _trl_common import REPO, load_policy, load_prompts, reward_func  # this folder is sys.path[0] when run as a script
 
 PERCENTILES = (50, 80, 95)
 
@@ -146,7 +146,6 @@ def main(argv=None) -> int:
     try:
         import torch
         import trl
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
         from trl import GRPOConfig, GRPOTrainer
     except ImportError as err:
         # Not an error for `make bench` in a venv without TRL: the baseline is optional.
@@ -160,11 +159,7 @@ def main(argv=None) -> int:
             return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    # transformers 5 ignores a custom tokenizer.json under a qwen2 config with AutoTokenizer
-    # (docs/environment.md), so load the char tokenizer as what it is.
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model, tokenizer = load_policy(args.model)
     sequences = args.prompts * args.samples
     config = GRPOConfig(
         output_dir=args.output_dir, max_steps=args.steps, learning_rate=args.lr,

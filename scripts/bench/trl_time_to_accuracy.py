@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _trl_common import load_prompts, load_score, reward_func, steps_between_validations  # noqa: E402
+from _trl_common import load_policy, load_prompts, load_score, reward_func, steps_between_validations  # noqa: E402
 
 
 def greedy_val_score(model, tokenizer, prompts, truths, score, max_new_tokens: int, batch: int,
@@ -138,9 +138,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    import torch
     import trl
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
 
     out = open(args.out, "w")
@@ -151,11 +149,7 @@ def main(argv=None) -> int:
         out.write(line + "\n")
         out.flush()
 
-    # transformers 5 ignores a custom tokenizer.json under a qwen2 config with AutoTokenizer
-    # (docs/environment.md), so load the char tokenizer as what it is
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model, tokenizer = load_policy(args.model)
     batch = ({"per_device_train_batch_size": args.prompts_per_step * args.num_generations}
              if args.prompts_per_step else {})
     config = GRPOConfig(output_dir=args.output_dir, learning_rate=args.lr, num_generations=args.num_generations,
