@@ -10,6 +10,7 @@ import functools
 import sys
 
 from hybridflow.auto_fsdp_size import Role, resolve as resolve_fsdp_sizes
+from hybridflow.config.rules import rollout_correction_on
 
 # rollout.dtype=auto: generate in the dtype the actor computes in, so vLLM's sampling log-probs and
 # the trainer's agree (an fp32 trainer next to a bf16 engine, e.g. from a checkpoint saved in bf16,
@@ -94,11 +95,11 @@ def strictly_on_policy(cfg) -> bool:
     """One optimizer step per batch on weights just synced to the sampler, no KL in the reward: the
     old log-probs equal the update's own forward pass, so the separate forward can be skipped (the
     loss uses its log-probs detached, ratio 1, as TRL does)."""
-    a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
+    a = cfg.actor_rollout_ref.actor
     # a rollout correction weighs pi_old / pi_rollout on the controller before the update: it needs
     # the separate forward even when the update is on-policy (verl's bypass mode is not offered)
     return (a.ppo_epochs == 1 and a.ppo_mini_batch_size == cfg.data.train_batch_size
-            and not cfg.algorithm.use_kl_in_reward and rc.rollout_is is None and not rc.rollout_rs)
+            and not cfg.algorithm.use_kl_in_reward and not rollout_correction_on(cfg.algorithm.rollout_correction))
 
 
 def critic_model_path(cfg) -> str:
