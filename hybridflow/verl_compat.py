@@ -112,6 +112,11 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     **_under(["reward_model"], _REWARD_MODEL),
     "reward_model.overlong_buffer.log": (ANY, "reward/overlong_* metrics are always logged"),
     "reward_model.sandbox_fusion.url": (NULL, "sandboxed code rewards are not implemented; use custom_reward_function"),
+    "async_training.require_batches": ((1,), "the trainer takes whole batches of data.train_batch_size prompts"),
+    "async_training.use_trainer_do_validate": (OFF, "validation generates on the rollout pool"),
+    **dict.fromkeys([f"async_training.checkpoint_engine.{name}" for name in (
+        "enable", "device_buffer_size_M", "overlap_broadcast_and_consume")],
+        (ANY, "weights move to the rollout pool as buckets through Ray's object store")),
     "trainer.esi_redundant_time": (ANY, "no elastic server instance expiry to plan for"),
     "trainer.del_local_ckpt_after_load": (OFF, "a checkpoint is never deleted after it is loaded"),
     "trainer.ray_wait_register_center_timeout": (ANY, "workers register through Ray; trainer.call_timeout_s applies"),
@@ -187,9 +192,6 @@ def unsupported_errors(cfg) -> list[str]:
                   f"implemented; set it to 1 ({LONG_SEQUENCES})"),
         (mode != "sync", f"{ARR}.rollout.mode={mode!r}: only sync is implemented (whole batches through the "
                          "engine); set it to sync"),
-        (not arr.hybrid_engine, f"{ARR}.hybrid_engine=false: the actor and its rollout always share each worker "
-                                "here (trainer.placement=separate moves the reference, critic and reward model); "
-                                "set it to true"),
         (model.use_fused_kernels, f"{ARR}.model.use_fused_kernels=true: these kernels are not used here (the "
                                   "models run transformers' and megatron-core's own layers); set it to false"),
         (model.trust_remote_code, f"{ARR}.model.trust_remote_code=true: {NO_REMOTE_CODE} (the engines support "

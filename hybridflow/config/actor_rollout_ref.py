@@ -155,7 +155,8 @@ class RefConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = key(True, "only true: actor and rollout share each worker")
+    hybrid_engine: bool = key(True, "true: actor and rollout share each worker; false: the rollout runs "
+                                         "on a pool of its own (rollout.*, async_training.*)")
     model: ModelConfig = key(ModelConfig(), "the policy's model")
     actor: ActorConfig = key(ActorConfig(), "training the policy")
     rollout: RolloutConfig = key(RolloutConfig(), "generation")

@@ -53,6 +53,11 @@ def reward_model_external_lib(cfg: RootConfig) -> str | None:
     return cfg.reward_model.model.external_lib or cfg.actor_rollout_ref.model.external_lib
 
 
+def rollout_pool_world(cfg: RootConfig) -> int:
+    """Workers of the rollout's own pool (``actor_rollout_ref.hybrid_engine=false``), else 0."""
+    return 0 if cfg.actor_rollout_ref.hybrid_engine else cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+
+
 def model_parallel(strategy: str, megatron) -> tuple[int, int]:
     """(tp, pp) a role trains with; fsdp shards data-parallel only."""
     if strategy == "megatron":
@@ -64,10 +69,11 @@ def model_parallel(strategy: str, megatron) -> tuple[int, int]:
 class Derived:
     actor_world: int  # workers in the actor/rollout pool (= nnodes * n_gpus_per_node)
     actor_dp: int  # actor_world // (tp * pp)
-    rollout_dp: int  # actor_world // rollout tp: generation engines
+    rollout_dp: int  # generation engines: (rollout pool's or actor's world) // rollout tp
     critic_world: int  # workers hosting the critic (0 without one)
     critic_dp: int
     aux_world: int  # workers of the separate pool (0 when colocated)
+    rollout_world: int  # workers of the rollout's own pool (0 with the hybrid engine)
     total_workers: int  # Ray worker processes the run starts
     use_critic: bool
     use_reference: bool
@@ -117,6 +123,7 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
     critic_dp = critic_world // (ctp * cpp) if critic_world else 0
 
     actor_dp = world // (tp * pp)
+    rollout_world = rollout_pool_world(cfg)
     mini_seqs_per_rank = arr.actor.ppo_mini_batch_size * n // actor_dp
     actor_minis = cfg.data.train_batch_size // arr.actor.ppo_mini_batch_size
     actor_opt_steps = arr.actor.ppo_epochs * actor_minis
@@ -130,9 +137,9 @@ def derive(cfg: RootConfig, dataset_len: int | None = None) -> Derived:
         total = per_epoch * tr.total_epochs
     return Derived(
         actor_world=world, actor_dp=actor_dp,
-        rollout_dp=world // arr.rollout.tensor_model_parallel_size,
-        critic_world=critic_world, critic_dp=critic_dp, aux_world=aux_world,
-        total_workers=world + aux_world,
+        rollout_dp=(rollout_world or world) // arr.rollout.tensor_model_parallel_size,
+        critic_world=critic_world, critic_dp=critic_dp, aux_world=aux_world, rollout_world=rollout_world,
+        total_workers=world + aux_world + rollout_world,
         use_critic=use_critic, use_reference=needs_reference(cfg),
         sequences_per_step=cfg.data.train_batch_size * n,
         actor_mini_batches_per_epoch=actor_minis,

@@ -99,7 +99,16 @@ def strictly_on_policy(cfg) -> bool:
     # a rollout correction weighs pi_old / pi_rollout on the controller before the update: it needs
     # the separate forward even when the update is on-policy (verl's bypass mode is not offered)
     return (a.ppo_epochs == 1 and a.ppo_mini_batch_size == cfg.data.train_batch_size
-            and not cfg.algorithm.use_kl_in_reward and not rollout_correction_on(cfg.algorithm.rollout_correction))
+            and not cfg.algorithm.use_kl_in_reward and not rollout_correction_on(cfg.algorithm.rollout_correction)
+            and not samples_off_policy(cfg))
+
+
+def samples_off_policy(cfg) -> bool:
+    """A rollout pool of its own that may sample with weights older than the trainer's, or whose own
+    log-probs stand for pi_old (``async_training``): the update needs pi_old as a tensor."""
+    at = cfg.async_training
+    return not cfg.actor_rollout_ref.hybrid_engine and (
+        at.staleness_threshold > 0 or at.trigger_parameter_sync_step > 1 or at.use_rollout_log_probs)
 
 
 def critic_model_path(cfg) -> str:

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from hybridflow.config.actor_rollout_ref import ActorRolloutRefConfig
 from hybridflow.config.algorithm import AlgorithmConfig
+from hybridflow.config.async_training import AsyncTrainingConfig, RolloutPoolConfig
 from hybridflow.config.critic import CriticConfig
 from hybridflow.config.data import DataConfig
 from hybridflow.config.keys import key
@@ -24,6 +25,9 @@ class RootConfig:
     reward_model: RewardModelConfig = key(RewardModelConfig(), "reward model and reward manager")
     custom_reward_function: CustomRewardFunctionConfig = key(CustomRewardFunctionConfig(), "a user's reward function")
     algorithm: AlgorithmConfig = key(AlgorithmConfig(), "advantages and KL")
+    rollout: RolloutPoolConfig = key(RolloutPoolConfig(), "hybrid_engine=false: the rollout pool's slots")
+    async_training: AsyncTrainingConfig = key(AsyncTrainingConfig(), "hybrid_engine=false: how far generation "
+                                                                      "runs ahead of training")
     trainer: TrainerConfig = key(TrainerConfig(), "the loop, outputs and resources")
     ray_init: RayInitConfig = key(RayInitConfig(), "Ray's start")
     ray_kwargs: RayKwargsConfig = key(RayKwargsConfig(), "verl's newer layout of ray_init")

@@ -197,3 +197,27 @@ def rollout_correction_errors(cfg) -> list[str]:
         errors.append(f"{RC} weighs pi_old/pi_rollout, but {ARR}.actor.recompute_old_log_prob=skip computes no "
                       "old log-probs: use auto or always")
     return errors
+
+
+def rollout_pool_errors(cfg) -> list[str]:
+    """``actor_rollout_ref.hybrid_engine=false``: what the rollout's own pool can run
+    (hybridflow/trainer/async_rollout.py)."""
+    arr, at = cfg.actor_rollout_ref, cfg.async_training
+    if arr.hybrid_engine:
+        return []
+    errors = []
+    world, rtp = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node, arr.rollout.tensor_model_parallel_size
+    if arr.rollout.name != "vllm":
+        errors.append(f"{ARR}.hybrid_engine=false runs the rollout on a pool of its own, which only "
+                      f"{ARR}.rollout.name=vllm can (hf generates with the actor's module): set rollout.name=vllm")
+    if world % rtp:
+        errors.append(f"{ARR}.rollout.tensor_model_parallel_size={rtp} must divide the rollout pool's "
+                      f"rollout.nnodes*rollout.n_gpus_per_node={world} workers: use one of "
+                      f"{[d for d in range(1, world + 1) if world % d == 0]}")
+    if at.use_rollout_log_probs and rollout_correction_on(cfg.algorithm.rollout_correction):
+        errors.append(f"async_training.use_rollout_log_probs=true makes pi_old the rollout's own log-probs, so "
+                      f"{RC}'s weights pi_old/pi_rollout are all 1: set one of them off")
+    if at.use_rollout_log_probs and arr.actor.recompute_old_log_prob == "skip":
+        errors.append(f"async_training.use_rollout_log_probs=true takes pi_old from the rollout, but "
+                      f"{ARR}.actor.recompute_old_log_prob=skip uses the update's own forward: use auto or always")
+    return errors

@@ -9,6 +9,7 @@ import os
 from hybridflow.config.derived import (
     critic_external_lib, critic_shares_actor_model, derive, estimator_needs_critic, log_prob_token_budget,
     model_parallel, needs_critic, needs_reference, reward_fn_runs_async, reward_model_external_lib, reward_pool_world,
+    rollout_pool_world,
 )
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import ARR
@@ -18,7 +19,7 @@ from hybridflow.config.resolve import strictly_on_policy
 from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_correction_errors,
-    rollout_correction_on, rollout_errors,
+    rollout_correction_on, rollout_errors, rollout_pool_errors,
 )
 from hybridflow.host_checks import data_file_errors, device_errors, output_folder_errors, path_error
 from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, model_folders, read_model_config
@@ -41,7 +42,8 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     if errors:  # the checks below divide by these values
         raise ConfigError("; ".join(errors))
     parallel = parallel_errors(cfg)
-    errors = (algorithm_errors(cfg) + rollout_correction_errors(cfg) + rollout_errors(cfg) + overlong_buffer_errors(cfg)
+    errors = (algorithm_errors(cfg) + rollout_correction_errors(cfg) + rollout_errors(cfg) + rollout_pool_errors(cfg)
+              + overlong_buffer_errors(cfg)
               + unsupported_errors(cfg)
               + lora_errors(cfg) + checkpoint_errors(cfg) + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes
@@ -64,7 +66,8 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     t = cfg.trainer
     pools = [("trainer.nnodes*trainer.separate_pool_gpus_per_node",
               t.nnodes * t.separate_pool_gpus_per_node if t.placement == "separate" else 0),
-             ("reward_model.nnodes*reward_model.n_gpus_per_node", reward_pool_world(cfg))]
+             ("reward_model.nnodes*reward_model.n_gpus_per_node", reward_pool_world(cfg)),
+             ("rollout.nnodes*rollout.n_gpus_per_node", rollout_pool_world(cfg))]
     errors += device_errors(t, cfg.ray_init.address, available_slots, pools)
     if errors:
         raise ConfigError("; ".join(errors))
@@ -172,8 +175,9 @@ def parallel_errors(cfg: RootConfig) -> list[str]:
     tp, pp = model_parallel(arr.actor.strategy, arr.actor.megatron)
     errors.append(sizes_error(f"{ARR}.actor.megatron (tensor x pipeline parallel)", world, "tp*pp", tp * pp))
     rtp = arr.rollout.tensor_model_parallel_size
-    errors.append(sizes_error(f"{ARR}.rollout.tensor_model_parallel_size", world, "tp", rtp))
-    if arr.actor.strategy == "megatron" and tp % rtp:
+    if arr.hybrid_engine:  # else the rollout's own pool: rules.rollout_pool_errors
+        errors.append(sizes_error(f"{ARR}.rollout.tensor_model_parallel_size", world, "tp", rtp))
+    if arr.hybrid_engine and arr.actor.strategy == "megatron" and tp % rtp:
         errors.append(f"{ARR}.rollout.tensor_model_parallel_size={rtp} must divide "
                       f"{ARR}.actor.megatron.tensor_model_parallel_size={tp} (the hybrid engine "
                       f"reshards each training TP group): use one of "

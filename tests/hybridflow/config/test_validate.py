@@ -138,7 +138,6 @@ def test_valid_tiny_config_passes_and_derives_sizes(run_dir):
     (dict(actor_rollout_ref__actor__optim__lr_scheduler_type="linear"), "actor.optim.lr_scheduler_type='linear' is unknown"),
     (dict(actor_rollout_ref__actor__optim__lr_scheduler=""), "actor.optim.lr_scheduler='' is unknown"),
     (dict(actor_rollout_ref__rollout__mode="async"), "actor_rollout_ref.rollout.mode='async': only sync"),
-    (dict(actor_rollout_ref__hybrid_engine=False), "actor_rollout_ref.hybrid_engine=false: the actor and"),
     (dict(reward_model__reward_manager="prime"), "reward_model.reward_manager='prime' is unknown"),
     (dict(reward_model__reward_manager="batch"), "reward_model.reward_manager=batch calls custom_reward_function"),
     (dict(trainer__val_only=True, data__val_files=[]), "trainer.val_only=true needs data.val_files"),
