@@ -166,7 +166,7 @@ def _run(cfg, inputs: RunInputs) -> dict:
         previous_sigterm = stop_on_sigterm()
         main_roles, side_roles = role_specs(cfg, derived)
         groups, pools = build_worker_groups(cfg, main_roles, side_roles, use_gpu)
-        for role in ("actor_rollout_ref", "ref", "critic", "reward_model"):
+        for role in ("actor_rollout_ref", "ref", "critic", "reward_model", "rollout"):
             if role in groups:
                 groups[role].init_model()
 

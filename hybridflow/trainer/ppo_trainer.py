@@ -23,6 +23,7 @@ from hybridflow.config.rules import rollout_correction_on
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt, pool_calls
 from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home before checkpoint.py)
+from hybridflow.trainer.async_rollout import AheadLoader, staleness_metrics
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
@@ -38,7 +39,8 @@ from hybridflow.trainer.generations import (
 
 class PPOTrainer:
     """``groups``: role -> WorkerGroup (``actor_rollout_ref``; optional ``critic``, ``ref``,
-    ``reward_model``), already created by the recipe. ``reward_manager`` scores decoded responses."""
+    ``reward_model``, and ``rollout``: the rollout's own pool, hybrid_engine=false), already created
+    by the recipe. ``reward_manager`` scores decoded responses."""
 
     def __init__(self, cfg, groups: dict, tokenizer, train_loader, val_loader, reward_manager, tracker,
                  progress: bool = True):
@@ -51,6 +53,15 @@ class PPOTrainer:
         self.ref = groups.get("ref", self.actor)  # colocated: the actor worker hosts the ref engine
         self.critic = groups.get("critic")
         self.rm = groups.get("reward_model")
+        # hybrid_engine=false: generation on a pool of its own, reading the loader ahead of training
+        # (trainer/async_rollout.py); else the actor's own workers generate, batch by batch
+        self.rollout_pool = groups.get("rollout")
+        self.batches = train_loader if self.rollout_pool is None else AheadLoader(
+            train_loader, self.actor, self.rollout_pool, batch_size=cfg.data.train_batch_size,
+            n=cfg.actor_rollout_ref.rollout.n, greedy=self.estimator.needs_greedy_baseline,
+            staleness=cfg.async_training.staleness_threshold,
+            sync_every=cfg.async_training.trigger_parameter_sync_step, board=_partial_rollout_board(cfg))
+        self.generator = self.rollout_pool or self.actor
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
         # placement=separate: the roles whose processes are not the actor's are started without
         # waiting and collected when needed, so the two pools work at once (HybridFlow's point of
@@ -84,6 +95,8 @@ class PPOTrainer:
     def fit(self) -> list[dict]:
         t = self.cfg.trainer
         self._maybe_resume()
+        if self.rollout_pool is not None:  # its first weights: the model's, or the checkpoint's
+            self.batches.sync(self.global_step, {})
         if not t.val_only and hasattr(self.tracker, "drop_after"):  # a fresh run starts a clean record
             self.tracker.drop_after(self.global_step or -1)
         history = []
@@ -100,7 +113,7 @@ class PPOTrainer:
         bar = _progress(self.total_steps, self.global_step, self.progress)
         save_time = {}
         while self.global_step < self.total_steps:
-            batch = DataProto.from_single_dict(self.train_loader.next_batch())
+            batch = DataProto.from_single_dict(self.batches.next_batch())
             self.global_step += 1
             metrics = self.step(batch)
             last = self.global_step == self.total_steps
@@ -108,7 +121,7 @@ class PPOTrainer:
                 with timer("testing", metrics):
                     metrics.update(self.validate())
             metrics["training/global_step"] = self.global_step
-            metrics["training/epoch"] = self.train_loader.epoch
+            metrics["training/epoch"] = self.batches.epoch
             metrics.update(save_time)  # the previous step's save, which ran after its record was logged
             # logged before the checkpoint: a kill between the two leaves the record of a step the
             # resume trains again, which drop_after removes; the other order lost the record
@@ -141,7 +154,9 @@ class PPOTrainer:
             # a role on a pool of its own starts now and works while the actor's pool does
             ref = self._start("ref", "compute_ref_log_prob", batch) if self.use_ref else None
             values = self._start("critic", "compute_values", batch) if self.critic is not None else None
-            if not self.on_policy:
+            if self.rollout_pool is not None and cfg.async_training.use_rollout_log_probs:
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]  # verl's bypass: no forward
+            elif not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))
                 if "rollout_log_probs" in batch.keys():
@@ -170,8 +185,11 @@ class PPOTrainer:
             if self.critic is not None:  # on a pool of its own it trained while the actor did
                 with timer("update_critic", metrics):
                     metrics.update(_mean_dicts(critic_update.get()))
+            if self.rollout_pool is not None:  # the new weights to the rollout's own pool
+                self.batches.weights_updated(self.global_step, metrics)
         metrics.update(data_metrics(batch, use_critic=self.critic is not None))
-        metrics.update(throughput_metrics(batch, metrics, self.actor.world_size))
+        metrics.update(throughput_metrics(batch, metrics, self.actor.world_size + (
+            self.rollout_pool.world_size if self.rollout_pool is not None else 0)))
         if carried is not None:  # trainer.rollout_data_dir
             with timer("dump_rollout", metrics):
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step,
@@ -194,16 +212,22 @@ class PPOTrainer:
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
         gen_in.meta_info.update(n=n)
+        greedy = None
         with timer("gen", metrics):
-            gen_out = self.actor.generate_sequences(gen_in)
-        metrics.update(gen_out.meta_info.pop("metrics", {}))
+            if self.rollout_pool is None:
+                gen_out = self.actor.generate_sequences(gen_in)
+                metrics.update(gen_out.meta_info.pop("metrics", {}))
+            else:  # generated ahead on the rollout's pool, greedy baseline included
+                gen_out, greedy = self.batches.generations(metrics)
+                metrics.update(staleness_metrics(gen_out.batch["rollout_weight_version"], self.global_step))
         baselines = None
         if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
             with timer("gen_max", metrics):
-                greedy_in = gen_in.select()
-                greedy_in.meta_info.update(n=1, do_sample=False)
-                greedy = self.actor.generate_sequences(greedy_in)
-                greedy.meta_info.pop("metrics", None)
+                if greedy is None:
+                    greedy_in = gen_in.select()
+                    greedy_in.meta_info.update(n=1, do_sample=False)
+                    greedy = self.actor.generate_sequences(greedy_in)
+                    greedy.meta_info.pop("metrics", None)
                 greedy.non_tensor_batch.update(batch.non_tensor_batch)
                 baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
         batch = batch.repeat(n, interleave=True)
@@ -248,7 +272,7 @@ class PPOTrainer:
                     f"{generated} generation batches (max_num_gen_batches); raise it (0: no cap) or use data "
                     "the model sometimes solves")
             generated += 1
-            batch, baselines, values, _ = self._rollout(DataProto.from_single_dict(self.train_loader.next_batch()),
+            batch, baselines, values, _ = self._rollout(DataProto.from_single_dict(self.batches.next_batch()),
                                                         metrics)
         metrics.update({"filter_groups/num_gen_batches": generated, "filter_groups/kept_prompts_frac":
                         found / seen})
@@ -307,12 +331,14 @@ class PPOTrainer:
             extras.append((len(out), extra))
 
         pending = None  # the previous batch, scored on the reward model's pool while this one generates
+        if self.rollout_pool is not None and self.batches.version != self.global_step:
+            self.batches.sync(self.global_step, {})  # validate the trainer's weights, not older ones
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
             gen_in.meta_info.update(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
                                     top_p=vk.top_p, top_k=vk.top_k, stage="validation")
-            out = self.actor.generate_sequences(gen_in)
+            out = self.generator.generate_sequences(gen_in)
             for kept in ("metrics", "stage"):  # the reward model's scoring of it is its own stage
                 out.meta_info.pop(kept, None)
             out.non_tensor_batch.update(batch.repeat(vk.n, interleave=True).non_tensor_batch)
@@ -355,8 +381,10 @@ class PPOTrainer:
             if "hf_model" in contents.save_contents:  # verl's place for it; listed in the manifest too
                 group.save_hf(os.path.join(path, name, ckpt.HF_META_DIR))
         keep = ckpt.folders_to_keep(t.max_actor_ckpt_to_keep, t.max_critic_ckpt_to_keep, self.critic is not None)
+        if self.rollout_pool is not None:  # its random state, where it samples the next batch from
+            self.rollout_pool.save_checkpoint(os.path.join(path, "rollout"))
         return ckpt.finish_save(t.default_local_dir, self.global_step,
-                                {"loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
+                                {"loader": self.batches.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
                                 self.worker_layout(), keep)
 
     def worker_layout(self) -> dict:
@@ -371,10 +399,12 @@ class PPOTrainer:
             return
         path, state = found
         if not t.val_only:  # an evaluation need not use the training data's settings
-            self.train_loader.load_state_dict(state["loader"])  # first: it refuses other data cheaply
+            self.batches.load_state_dict(state["loader"])  # first: it refuses other data cheaply
         self.actor.load_checkpoint(os.path.join(path, "actor"))
         if self.critic is not None:
             self.critic.load_checkpoint(os.path.join(path, "critic"))
+        if self.rollout_pool is not None and os.path.isdir(os.path.join(path, "rollout")):  # else a hybrid run's
+            self.rollout_pool.load_checkpoint(os.path.join(path, "rollout"))
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         ckpt.set_controller_rng_state(state["rng"])
         self.global_step = state["global_step"]
@@ -387,6 +417,18 @@ def _mean_dicts(dicts) -> dict:
     keys = set().union(*dicts)
     return {k: float(combine_metric(k, [d[k] for d in dicts if k in d], [1.0] * sum(k in d for d in dicts)))
             for k in keys}
+
+
+def _partial_rollout_board(cfg):
+    """Where a generation in flight sees new weights (controller/weight_board.py), when it may use
+    them: partial rollout, with generation running ahead of training (none is in flight at a sync
+    where the pools take turns)."""
+    at = cfg.async_training
+    if cfg.actor_rollout_ref.hybrid_engine or not at.partial_rollout or at.staleness_threshold == 0:
+        return None
+    from hybridflow.controller.weight_board import new_weight_board
+
+    return new_weight_board()
 
 
 def _progress(total: int, initial: int, enabled: bool):
