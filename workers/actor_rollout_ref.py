@@ -66,6 +66,7 @@ class ActorRolloutRefWorker(Worker):
         self.s = settings
         self.engine = self.ref_engine = self.rollout = None
         self._weights_stale = False
+        self._staging_source = None  # the full-tensor stream stage_weights reads, built on first use
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -117,16 +118,22 @@ class ActorRolloutRefWorker(Worker):
 
     def _make_weight_source(self):
         """How this rank streams the actor's weights into the rollout (the resharding plan)."""
+        s = self.s
+        if self.engine is None or s.rollout.name == "hf":
+            return None, None
+        return self._full_weights_source(s.rollout.tensor_model_parallel_size)
+
+    def _full_weights_source(self, generation_tp: int):
+        """(source, stats): ``source()`` streams (HF name, full-size tensor) of the actor's weights on
+        every rank, valid where a generation TP rank of ``generation_tp`` reads them (1: whole)."""
         from resharding import FSDPWeightStream, GenLayout, Resharder, TrainLayout, plan_from_param_specs
 
         s, engine = self.s, self.engine
-        if engine is None or s.rollout.name == "hf":
-            return None, None
         if s.actor.strategy == "megatron":
             from workers.models.layout import param_specs
 
             train = TrainLayout(pp=s.actor.pp, tp=s.actor.tp, dp=self.world_size // (s.actor.pp * s.actor.tp))
-            gen = GenLayout(tp=s.rollout.tensor_model_parallel_size, world=self.world_size)
+            gen = GenLayout(tp=generation_tp, world=self.world_size)
             resharder = Resharder(plan_from_param_specs(param_specs, engine.hf_config, train, gen),
                                   bucket_bytes=s.reshard_bucket_bytes)
             return (lambda: resharder.stream(dict(engine.model.named_parameters()))), resharder.stats
@@ -138,6 +145,29 @@ class ActorRolloutRefWorker(Worker):
         # vLLM's loaders read the checkpoint's layout, not transformers' runtime one (MoE experts)
         return (lambda: in_checkpoint_layout(engine.model, merge_lora(
             weights.stream(engine.model.named_parameters()), engine.lora_scalings))), weights.stats
+
+    # ------------------------------------------------------------------ weights for a rollout pool
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stage_weights(self, version: int, dtype: str | None = None):
+        """Hand the actor's current weights to a rollout pool of its own (a separate world).
+
+        Every rank runs the full-tensor stream (its collectives need them all); rank 0 packs the
+        tensors into buckets of ``reshard_bucket_bytes`` and puts each into Ray's object store,
+        returning a ``StagedWeights`` (other ranks: None) for ``RolloutWorker.load_weights``.
+        ``dtype``: the rollout engine's dtype (vLLM's names; None: ``rollout.dtype`` of these
+        settings, ``auto`` being the checkpoint's); floating tensors are sent in it.
+        """
+        from workers.rollout_worker import rollout_torch_dtype, stage_to_object_store
+
+        if self.engine is None:
+            raise ValueError("stage_weights needs the actor role on this worker (roles include 'actor')")
+        if self._staging_source is None:
+            self._staging_source = self._full_weights_source(generation_tp=1)[0]
+        cast_to = rollout_torch_dtype(self.s.rollout.dtype if dtype is None else dtype, self.s.model_path,
+                                      self.s.rollout.hf_overrides)
+        with self.engine.params_on_device():  # param_offload: the stream reads the parameters
+            return stage_to_object_store(self._staging_source(), version, self.s.reshard_bucket_bytes, cast_to,
+                                         pack=self.rank == 0)
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.mesh("rollout"))
