@@ -173,3 +173,44 @@ def test_weights_staged_by_a_trainer_pool_reach_a_separate_rollout_pool(ray_clus
             g.shutdown()
         for pool in pools:
             pool.release()
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_sync_into_a_tp2_rollout(ray_cluster, tmp_path):
+    """Both sides sharded: a 2-rank FSDP trainer (roles actor+ref: no rollout of its own) stages
+    from rank 0 only; each rank of a TP=2 rollout reads every bucket and loads its shard."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM")
+    from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    from hybridflow.tiny import make_tiny_checkpoint
+    from tests.workers.rollout.common import load_hf, make_prompts
+    from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
+    from workers.engines.config import EngineConfig
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "model"), seed=0)
+    config = _rollout_config(tensor_model_parallel_size=2, load_format="dummy")
+    pools = [ResourcePool([2], cpus_per_slot=1, name_prefix=n, ready_timeout_s=60) for n in ("trainer", "rollout")]
+    trainer = RayWorkerGroup(pools[0], RayClassWithInitArgs(ActorRolloutRefWorker, ActorRolloutRefSettings(
+        model_path=ckpt, roles=("actor", "ref"), actor=EngineConfig(lr=1e-2, param_dtype="fp32"), rollout=config,
+        ppo_mini_batch_size=8, seed=0)), name_prefix="trainer", timeout_s=240)
+    rollout = RayWorkerGroup(pools[1], RayClassWithInitArgs(RolloutWorker, RolloutWorkerSettings(
+        model_path=ckpt, rollout=config, seed=0)), name_prefix="rollout", timeout_s=240)
+    try:
+        for f in [trainer.submit("init_model"), rollout.submit("init_model")]:
+            f.get()
+        trainer.update_actor(_update_batch(load_hf(ckpt).config.vocab_size))
+        staged = trainer.stage_weights(version=4)
+        assert staged[1] is None and staged[0].version == 4
+        assert [m["weight_sync/version"] for m in rollout.load_weights(staged[0])] == [4, 4]
+        out = rollout.generate_sequences(make_prompts(ckpt, prompt_len=PROMPT_LEN))
+        assert (out.batch[VERSION_KEY] == 4).all()
+        mask = out.batch["response_mask"]
+        assert _max_gap(out.batch["rollout_log_probs"], trainer.compute_log_prob(out).batch["old_log_probs"],
+                        mask) < TOL
+        assert _max_gap(out.batch["rollout_log_probs"], trainer.compute_ref_log_prob(out).batch["ref_log_prob"],
+                        mask) > STALE  # the reference still holds the checkpoint: the update moved the policy
+    finally:
+        trainer.shutdown()
+        rollout.shutdown()
+        for pool in pools:
+            pool.release()
