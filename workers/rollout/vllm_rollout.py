@@ -52,6 +52,8 @@ from workers.rollout.hf_class_guard import give_back_transformers_classes
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
                                   prompt_token_lists, resolve_sampling, special_token_ids,
                                   truncate_at_stop)
+from workers.rollout.vllm_partial import (POLL_S, TOKEN_VERSIONS, Switch, WeightSwitcher,
+                                          switch_metrics, token_versions)
 from workers.rollout.vllm_stepping import TAIL_SHARE, generate_per_sample
 from workers.rollout.vllm_weight_sync import (ExpectedReloadWarnings, linears_keep_weights,
                                               load_live_weights, quiet_per_sync_logs,
@@ -275,8 +277,16 @@ class VLLMRollout:
         self._asleep = False
 
     # ------------------------------------------------------------------ generation
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate n responses per prompt for this generation-DP rank's share of the batch."""
+    def generate_sequences(self, prompts: DataProto, switch: Switch | None = None, version: int = 0,
+                           poll_s: float = POLL_S) -> DataProto:
+        """Generate n responses per prompt for this generation-DP rank's share of the batch.
+
+        Partial rollout (workers/rollout/vllm_partial.py): with ``switch``, polled between engine
+        steps, unfinished samples go on with the weights it offers; the batch then also holds
+        ``rollout_token_versions`` (the version that sampled each response token, -1 at padding;
+        ``version`` is the engine's weights' at the start) and the metrics
+        ``rollout/partial_samples`` and ``rollout/weight_switches``. Every rank of a TP group
+        passes a switch or none."""
         from vllm import SamplingParams
 
         settings = resolve_sampling(self.config, prompts.meta_info, self.eos_token_ids)
@@ -294,9 +304,14 @@ class VLLMRollout:
             detokenize=False,
         )
         eager = contextlib.nullcontext() if self._on_gpu else torch.compiler.set_stance("force_eager")
+        switcher = None
+        hook = {}
+        if switch is not None:
+            switcher = WeightSwitcher(self, switch, version, poll_s)
+            hook = {"before_step": switcher}
         with eager:
             # generate() with each sample's finish timed (workers/rollout/vllm_stepping.py)
-            completions, tail = generate_per_sample(self.llm, token_lists, params)
+            completions, tail = generate_per_sample(self.llm, token_lists, params, **hook)
         samples = []
         for per_prompt_completions in completions:
             per_prompt = []
@@ -308,6 +323,10 @@ class VLLMRollout:
             samples.append(per_prompt)
         out = build_rollout_batch(prompts, samples, self.config.response_length, self.pad_token_id)
         out.meta_info["metrics"] = {TAIL_SHARE: tail}
+        if switcher is not None:
+            versions = token_versions(completions, out.batch["response_mask"].sum(1), self.config.response_length)
+            out.batch[TOKEN_VERSIONS] = versions
+            out.meta_info["metrics"].update(switch_metrics(versions, switcher))
         return out
 
     # ------------------------------------------------------------------ weights and memory

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 # one value per call and generation-DP rank (each times its own share of the prompts); the collected
 # batch holds the mean over ranks (DataProto.concat), which is what a step logs
@@ -39,10 +39,13 @@ def tail_share(start: float, finish_times: Sequence[float]) -> float:
     return (last - statistics.median(finish_times)) / span if span > 0 else 0.0
 
 
-def generate_per_sample(llm, token_lists: Sequence[Sequence[int]], params) -> tuple[list[list], float]:
+def generate_per_sample(llm, token_lists: Sequence[Sequence[int]], params,
+                        before_step: Callable[[], None] | None = None) -> tuple[list[list], float]:
     """``llm.generate(prompts, params)``, each sample's finish timed; returns, per prompt, its
     samples' CompletionOutputs sorted by ``index`` (what generate's RequestOutput holds), and the
-    call's tail share (:func:`tail_share`; a finish is timed when the step that finished it returns)."""
+    call's tail share (:func:`tail_share`; a finish is timed when the step that finished it returns).
+    ``before_step`` runs before each engine step; it may preempt requests (a weight switch,
+    workers/rollout/vllm_partial.py) but must neither add nor abort any."""
     engine = llm.llm_engine
     start = time.perf_counter()
     ids = llm.enqueue([{"prompt_token_ids": list(tokens)} for tokens in token_lists], params, use_tqdm=False)
@@ -55,6 +58,8 @@ def generate_per_sample(llm, token_lists: Sequence[Sequence[int]], params) -> tu
                            "returned: this vLLM version tracks n > 1 differently (workers/rollout/vllm_stepping.py)")
     outputs, finished_at = [], []
     while engine.has_unfinished_requests():
+        if before_step is not None:
+            before_step()
         step_outputs = engine.step()
         now = time.perf_counter()
         for out in step_outputs:
