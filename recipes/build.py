@@ -15,6 +15,7 @@ from workers.critic import CriticSettings, CriticWorker
 from workers.engines.config import EngineConfig
 from workers.reward_model import RewardModelSettings, RewardModelWorker
 from workers.rollout.base import RolloutConfig
+from workers.rollout_worker import RolloutWorker, RolloutWorkerSettings
 
 
 def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
@@ -31,10 +32,15 @@ def actor_settings(cfg, derived, roles) -> ActorRolloutRefSettings:
 
 def role_specs(cfg, derived) -> tuple[dict, dict]:
     """(main-pool roles, side roles) as RayClassWithInitArgs, keyed by the trainer's role names."""
-    separate = cfg.trainer.placement == "separate"
-    actor_roles = ["actor", "rollout"] + (["ref"] if derived.use_reference and not separate else [])
+    separate, hybrid = cfg.trainer.placement == "separate", cfg.actor_rollout_ref.hybrid_engine
+    actor_roles = ["actor"] + (["rollout"] if hybrid else []) + (["ref"] if derived.use_reference and not separate
+                                                                 else [])
     main = {"actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, actor_settings(cfg, derived, actor_roles))}
     side = {}
+    if not hybrid:  # the rollout's own pool (hybridflow/trainer/placement.py)
+        side["rollout"] = RayClassWithInitArgs(RolloutWorker, RolloutWorkerSettings(
+            model_path=cfg.actor_rollout_ref.model.path, rollout=RolloutConfig(**rollout_engine_kwargs(cfg)),
+            seed=cfg.trainer.seed, external_lib=cfg.actor_rollout_ref.model.external_lib))
     if derived.use_reference and separate:
         side["ref"] = RayClassWithInitArgs(ActorRolloutRefWorker, actor_settings(cfg, derived, ["ref"]))
     if derived.use_critic:

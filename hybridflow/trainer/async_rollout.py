@@ -4,10 +4,10 @@ ahead of training by a bounded number of batches, and new weights reach it as ve
 The paper's **Separation** placement: the trainer pool trains step k while the rollout pool
 already samples the prompts of the steps after it with the weights it has. How far ahead is
 verl's ``async_training.staleness_threshold`` (τ) with ``trigger_parameter_sync_step`` (T), in
-prompts rather than verl's streamed samples: prompt p of the run (0-based, in loader order) may be
-generated with the weights of step v only if
+prompts rather than verl's streamed samples: while step k trains, the rollout, holding the weights
+of step v, may be given at most
 
-    p < (v + T * (1 + τ)) * B,        B = data.train_batch_size
+    (v + T * (1 + τ) - k) * B        prompts beyond step k's batch (B = data.train_batch_size)
 
 so τ=0 is strict alternation (the next batch starts after the sync that follows the update), τ=1 is
 verl's one-step-off policy (batch k+1 samples with step k-1's weights while step k trains), and
@@ -72,6 +72,7 @@ class AheadLoader:
         self.batch_size, self.n, self.greedy = batch_size, n, greedy
         self.staleness, self.sync_every, self.board = staleness, sync_every, board
         self.version: int | None = None  # the step whose weights the rollout holds (the last sync queued)
+        self._done = 0  # steps the trainer finished
         self._pending_load = None
         self._pulled: deque[_Pulled] = deque()  # read from the loader, not yet taken
         self._next_prompt = 0  # index of the next prompt the loader gives
@@ -90,6 +91,7 @@ class AheadLoader:
         metrics["timing_s/weight_sync"] = metrics.get("timing_s/weight_sync", 0.0) + time.perf_counter() - t0
         metrics["weight_sync/bytes"] = float(staged.total_bytes)
         metrics["weight_sync/version"] = float(step)
+        self._done = step
         if self.board is not None:  # partial rollout: a generation in flight switches to it now
             self.board.post.remote(staged)
         self._collect_load(metrics)
@@ -98,6 +100,7 @@ class AheadLoader:
 
     def weights_updated(self, step: int, metrics: dict) -> None:
         """After step ``step``'s update: sync every ``trigger_parameter_sync_step`` steps."""
+        self._done = step
         if step % self.sync_every == 0:
             self.sync(step, metrics)
 
@@ -108,8 +111,10 @@ class AheadLoader:
 
     # ------------------------------------------------------------------ batches
     def _allowance(self) -> int:
-        """Prompts the rollout may have been given with its current weights (module docstring)."""
-        return math.floor((self.version + self.sync_every * (1 + self.staleness)) * self.batch_size + 1e-9)
+        """The index (in prompts read) up to which the rollout may be given prompts now, while the
+        step after the last finished one trains on the batch taken (module docstring)."""
+        ahead = (self.version + self.sync_every * (1 + self.staleness) - (self._done + 1)) * self.batch_size
+        return self._taken.first + self.batch_size + max(0, math.floor(ahead + 1e-9))
 
     def _pull(self) -> _Pulled:
         state = self.loader.state_dict()

@@ -126,3 +126,15 @@ def test_next_batch_needs_weights_first():
 def test_staleness_metrics():
     m = staleness_metrics(np.array([2, 2, 1, 1]), step=4)
     assert m == {"async/staleness_mean": 1.5, "async/staleness_max": 2.0, "async/stale_samples_frac": 1.0}
+
+
+@pytest.mark.parametrize("staleness, calls", [(0.0, 1), (1.0, 2)])
+def test_a_resumed_run_reads_ahead_as_far_as_the_uninterrupted_one(staleness, calls):
+    """Resumed at step 2 (the loader past its first two batches), step 3 gives the rollout its own
+    batch, and the next one only when one step off."""
+    ahead, rollout = _ahead(staleness)
+    ahead.loader.load_state_dict({**ahead.loader.state_dict(), "batch_in_epoch": 2})
+    ahead.sync(2, {})
+    batch = ahead.next_batch()
+    assert batch["input_ids"][:, 0].tolist() == list(range(2 * B, 3 * B))
+    assert len(rollout.calls) == calls and all(v == 2 for v, _ in rollout.calls)
