@@ -6,7 +6,9 @@ come in as a ``StagedWeights`` (resharding/staging.py) that the trainer's rank 0
 object store (``ActorRolloutRefWorker.stage_weights``): every rollout rank reads each bucket (on
 the trainer's host straight from shared memory, elsewhere Ray copies it over), and vLLM's loader
 takes the shard of each full tensor its TP rank needs. Every sync carries a version, and every
-generated row records the version that wrote it (``rollout_weight_version``).
+generated row records the version that wrote it (``rollout_weight_version``). With partial
+rollout a generation also takes weights posted on the run's weight board while it runs
+(``BoardSwitch``), and the load queued behind it then finds them there already.
 
 Seeding is the hybrid worker's (``seed + rank`` for torch, generation stream ``seed + 1000 *
 dp_rank``, vLLM's ``rollout.seed + dp_rank``): given the same weights and prompts both generate
@@ -95,6 +97,35 @@ def staged_tensors(staged: StagedWeights, timeout_s: float) -> Iterator[tuple[st
         del buffer
 
 
+class BoardSwitch:
+    """Partial rollout's ``switch`` (workers/rollout/vllm_partial.py) on a weight board: offers the
+    newest version posted there once it is newer than what the engine holds; ``version`` is the
+    last one offered. One small remote call per poll, a second only when the version moved."""
+
+    def __init__(self, board, version: int, timeout_s: float):
+        self.board, self.version, self.timeout_s = board, int(version), timeout_s
+
+    def __call__(self):
+        import ray
+
+        if ray.get(self.board.version.remote(), timeout=self.timeout_s) <= self.version:
+            return None
+        staged = ray.get(self.board.latest.remote(), timeout=self.timeout_s)
+        self.version = staged.version
+        return staged.version, lambda: staged_tensors(staged, self.timeout_s)
+
+
+def row_versions(out: DataProto, version: int) -> torch.Tensor:
+    """Per row, the oldest weight version that wrote any of its tokens: ``version`` unless partial
+    rollout's per-token versions (-1 at padding) say otherwise."""
+    from workers.rollout.vllm_partial import TOKEN_VERSIONS
+
+    if TOKEN_VERSIONS not in out.batch.keys():
+        return torch.full((len(out),), version, dtype=torch.int64)
+    tokens = out.batch[TOKEN_VERSIONS].to(torch.int64)
+    return torch.where(tokens >= 0, tokens, torch.iinfo(torch.int64).max).min(dim=1).values.clamp(max=version)
+
+
 @dataclass
 class RolloutWorkerSettings:
     model_path: str
@@ -119,6 +150,7 @@ class RolloutWorker(Worker):
         # the version of the weights the engine holds; None: none to generate with (a dummy load, or
         # a resumed checkpoint, before the first load_weights)
         self.weight_version: int | None = None
+        self._switched_to: int | None = None  # the version a partial rollout's switch loaded last
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -139,20 +171,36 @@ class RolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.mesh("rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """The hybrid worker's generation (its RNG stream, its metrics) plus, per output row, the
-        weight version that generated it (int64 ``rollout_weight_version``)."""
+        weight version that generated it (int64 ``rollout_weight_version``).
+
+        Partial rollout: with ``meta_info["weight_board"]`` (controller/weight_board.py) the engine
+        takes weights posted there while it generates (workers/rollout/vllm_partial.py); a row's
+        version is then the oldest that wrote any of its tokens, ``rollout_token_versions`` has each
+        token's, and the engine keeps the newest weights it took."""
         if self.weight_version is None:
             raise RuntimeError("RolloutWorker.generate_sequences: the engine holds no weights to generate with "
                                "(rollout.load_format=dummy, or just resumed): call load_weights first")
+        board = prompts.meta_info.pop("weight_board", None)
+        switch = BoardSwitch(board, self.weight_version, self.s.weight_fetch_timeout_s) if board is not None else None
         metrics: dict[str, float] = {}
         self.rng.to_generation()
         try:
             t0 = time.perf_counter()
-            out = self.rollout.generate_sequences(prompts)
+            if switch is None:
+                out = self.rollout.generate_sequences(prompts)
+            else:
+                out = self.rollout.generate_sequences(prompts, switch=switch, version=self.weight_version)
             metrics["timing_s/gen_worker"] = time.perf_counter() - t0
+        except BaseException:
+            if switch is not None and switch.version != self.weight_version:
+                self.weight_version = None  # a switch began: which weights the engine holds is unknown
+            raise
         finally:
             self.rng.to_training()
+        if switch is not None and switch.version != self.weight_version:
+            self.weight_version = self._switched_to = switch.version
         metrics.update(out.meta_info.pop("metrics", {}))
-        out.batch[VERSION_KEY] = torch.full((len(out),), self.weight_version, dtype=torch.int64)
+        out.batch[VERSION_KEY] = row_versions(out, self.weight_version)
         out.meta_info["metrics"] = metrics
         return out
 
@@ -162,6 +210,9 @@ class RolloutWorker(Worker):
         """Load a staged version into the engine, one bucket in memory at a time."""
         with spans.span("weight_sync"):  # the timeline names it as the hybrid worker's sync
             start = time.perf_counter()
+            if staged.version == self._switched_to == self.weight_version:  # partial rollout took it already
+                return {"timing_s/weight_sync_load": 0.0, "weight_sync/bytes": 0.0,
+                        "weight_sync/version": float(staged.version)}
             self.rollout.resume_memory()
             self.weight_version = None  # a load that fails half-way leaves no version to generate with
             self.rollout.update_weights(staged_tensors(staged, self.s.weight_fetch_timeout_s))

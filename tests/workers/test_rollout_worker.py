@@ -18,7 +18,7 @@ import torch
 from hybridflow.protocol import DataProto
 from workers.rollout.base import RolloutConfig
 from resharding.staging import StagedWeights, pack_buckets
-from workers.rollout_worker import VERSION_KEY, RolloutWorker, RolloutWorkerSettings, staged_tensors
+from workers.rollout_worker import VERSION_KEY, RolloutWorker, RolloutWorkerSettings, row_versions, staged_tensors
 
 TOL, STALE = 1e-4, 1e-2  # tests/resharding/test_reshard_logprobs.py's: vLLM vs the trainer, fp32
 PROMPT_LEN, RESPONSE_LEN = 12, 10
@@ -39,6 +39,15 @@ def test_generation_before_any_weights_is_one_clear_error():
 def test_a_rollout_pool_of_its_own_runs_vllm_only():
     with pytest.raises(ValueError, match="runs vLLM only"):
         RolloutWorker(RolloutWorkerSettings(model_path="unused", rollout=RolloutConfig(name="hf")))
+
+
+def test_a_row_records_the_oldest_version_that_wrote_its_tokens():
+    from workers.rollout.vllm_partial import TOKEN_VERSIONS
+
+    plain = DataProto.from_dict({"responses": torch.zeros(2, 3, dtype=torch.long)})
+    assert row_versions(plain, 5).tolist() == [5, 5]
+    partial = DataProto.from_dict({TOKEN_VERSIONS: torch.tensor([[3, 3, 4, -1], [4, 4, -1, -1], [-1, -1, -1, -1]])})
+    assert row_versions(partial, 4).tolist() == [3, 4, 4]
 
 
 def _staged(buckets) -> StagedWeights:
@@ -178,10 +187,13 @@ def test_weights_staged_by_a_trainer_pool_reach_a_separate_rollout_pool(ray_clus
 @pytest.mark.slow
 def test_two_trainer_ranks_sync_into_a_tp2_rollout(ray_cluster, tmp_path):
     """Both sides sharded: a 2-rank FSDP trainer (roles actor+ref: no rollout of its own) stages
-    from rank 0 only; each rank of a TP=2 rollout reads every bucket and loads its shard."""
+    from rank 0 only; each rank of a TP=2 rollout reads every bucket and loads its shard, here
+    through partial rollout's weight board."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("needs vLLM")
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    from hybridflow.controller.weight_board import new_weight_board
+    from workers.rollout.vllm_partial import TOKEN_VERSIONS, WEIGHT_SWITCHES
     from hybridflow.tiny import make_tiny_checkpoint
     from tests.workers.rollout.common import load_hf, make_prompts
     from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
@@ -198,17 +210,27 @@ def test_two_trainer_ranks_sync_into_a_tp2_rollout(ray_cluster, tmp_path):
     try:
         for f in [trainer.submit("init_model"), rollout.submit("init_model")]:
             f.get()
+        rollout.load_weights(trainer.stage_weights(version=0)[0])
         trainer.update_actor(_update_batch(load_hf(ckpt).config.vocab_size))
         staged = trainer.stage_weights(version=4)
         assert staged[1] is None and staged[0].version == 4
-        assert [m["weight_sync/version"] for m in rollout.load_weights(staged[0])] == [4, 4]
-        out = rollout.generate_sequences(make_prompts(ckpt, prompt_len=PROMPT_LEN))
-        assert (out.batch[VERSION_KEY] == 4).all()
+        # partial rollout: weights posted on the board while a generation runs reach it (here before
+        # its first engine step, so every token is the new version's); the first TP rank decides
+        board = new_weight_board()
+        ray_cluster.get(board.post.remote(staged[0]))
+        prompts = make_prompts(ckpt, prompt_len=PROMPT_LEN, meta={"weight_board": board})
+        out = rollout.generate_sequences(prompts)
         mask = out.batch["response_mask"]
+        assert (out.batch[VERSION_KEY] == 4).all()
+        assert torch.equal(out.batch[TOKEN_VERSIONS], torch.where(mask.bool(), 4, -1))
+        assert out.meta_info["metrics"][WEIGHT_SWITCHES] == 1
         assert _max_gap(out.batch["rollout_log_probs"], trainer.compute_log_prob(out).batch["old_log_probs"],
                         mask) < TOL
         assert _max_gap(out.batch["rollout_log_probs"], trainer.compute_ref_log_prob(out).batch["ref_log_prob"],
                         mask) > STALE  # the reference still holds the checkpoint: the update moved the policy
+        # the load the controller queued behind that generation finds the version already there
+        assert [m["weight_sync/bytes"] for m in rollout.load_weights(staged[0])] == [0.0, 0.0]
+        assert (rollout.generate_sequences(make_prompts(ckpt, prompt_len=PROMPT_LEN)).batch[VERSION_KEY] == 4).all()
     finally:
         trainer.shutdown()
         rollout.shutdown()
