@@ -74,7 +74,7 @@ def test_one_step_off_with_partial_rollout_overlaps_the_pools(tmp_path):
     assets = make_assets(tmp_path, train_size=16)
     out = tmp_path / "one_step_off"
     run_recipe(assets, out, *TWO_POOLS, "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
-               "algorithm.rollout_correction.rollout_is=token", "trainer.total_training_steps=4",
+               "algorithm.rollout_correction.rollout_is=token", "trainer.total_epochs=2",
                "trainer.timeline=true", "trainer.test_freq=-1")
     got = read_steps(out)
     assert got[1]["async/staleness_max"] == 0.0  # the first batch: the model's own weights
@@ -82,16 +82,17 @@ def test_one_step_off_with_partial_rollout_overlaps_the_pools(tmp_path):
         assert got[step]["async/staleness_mean"] == 1.0  # sampled while the step before trained
         assert got[step]["weight_sync/version"] == step
         assert "rollout_corr/rollout_is_mean" in got[step] or any(k.startswith("rollout_corr/") for k in got[step])
-    trace = json.loads((out / "timeline.json").read_text())
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     spans = {}
-    for event in trace["traceEvents"] if isinstance(trace, dict) else trace:
-        if event.get("ph") == "X":
-            spans.setdefault(event.get("tid"), []).append((event["ts"], event["ts"] + event["dur"]))
-    tracks = {name for name in spans}
-    assert any("rollout" in str(t) for t in tracks) and any("main" in str(t) for t in tracks), tracks
-    rollout = [s for t, got_spans in spans.items() if "rollout" in str(t) for s in got_spans]
-    trainer = [s for t, got_spans in spans.items() if "main" in str(t) for s in got_spans]
-    overlap = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in rollout for b0, b1 in trainer)
+    for e in events:
+        if e.get("ph") == "X":
+            spans.setdefault(names[(e["pid"], e["tid"])], []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    assert {"main rank 0", "rollout rank 0"} <= set(spans), set(spans)
+    generating = [(s, e) for s, e, name in spans["rollout rank 0"] if name.startswith("gen")]
+    training = [(s, e) for s, e, name in spans["main rank 0"] if "update" in name or "log_prob" in name]
+    assert generating and training, (spans["rollout rank 0"][:5], spans["main rank 0"][:5])
+    overlap = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in generating for b0, b1 in training)
     assert overlap > 0, "the rollout pool never worked while the trainer pool did"
 
 
@@ -99,7 +100,7 @@ def test_a_dead_rollout_worker_stops_the_run_in_one_line(tmp_path):
     assets = make_assets(tmp_path, train_size=16)
     out = tmp_path / "dies"
     proc = subprocess.Popen(recipe_cmd(assets, out, *TWO_POOLS, "async_training.staleness_threshold=1",
-                                       "trainer.total_training_steps=20"),
+                                       "trainer.total_epochs=100"),
                             cwd=REPO, env=recipe_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
