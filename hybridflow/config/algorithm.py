@@ -39,6 +39,8 @@ class RolloutCorrectionConfig:
     rollout_rs_threshold: float | str | None = key(None, "rollout_rs's bounds, one shared or one per option "
                                                          "(comma-separated): k1 a ratio range lower_upper, or U "
                                                          "for 1/U_U; k2/k3 an upper bound")
+    bypass_mode: bool = key(False, "pi_old is the rollout's own log-probs: no old-log-prob forward, the PPO ratio is "
+                                   "pi_theta/pi_rollout (verl's bypass with loss_type=ppo_clip)")
 
 
 @dataclass

@@ -104,11 +104,20 @@ def strictly_on_policy(cfg) -> bool:
 
 
 def samples_off_policy(cfg) -> bool:
-    """A rollout pool of its own that may sample with weights older than the trainer's, or whose own
-    log-probs stand for pi_old (``async_training``): the update needs pi_old as a tensor."""
+    """A rollout pool of its own that may sample with weights older than the trainer's
+    (``async_training``), or pi_old taken from the rollout (:func:`bypass_old_log_prob`): the update
+    needs pi_old as a tensor."""
     at = cfg.async_training
-    return not cfg.actor_rollout_ref.hybrid_engine and (
-        at.staleness_threshold > 0 or at.trigger_parameter_sync_step > 1 or at.use_rollout_log_probs)
+    return bypass_old_log_prob(cfg) or not cfg.actor_rollout_ref.hybrid_engine and (
+        at.staleness_threshold > 0 or at.trigger_parameter_sync_step > 1)
+
+
+def bypass_old_log_prob(cfg) -> bool:
+    """pi_old is the rollout's own log-probs, no trainer forward: verl's
+    ``algorithm.rollout_correction.bypass_mode``, or ``async_training.use_rollout_log_probs`` with a
+    rollout pool of its own (the same thing under verl's fully-async name)."""
+    return cfg.algorithm.rollout_correction.bypass_mode or (
+        not cfg.actor_rollout_ref.hybrid_engine and cfg.async_training.use_rollout_log_probs)
 
 
 def critic_model_path(cfg) -> str:

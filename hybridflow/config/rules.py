@@ -214,10 +214,24 @@ def rollout_pool_errors(cfg) -> list[str]:
         errors.append(f"{ARR}.rollout.tensor_model_parallel_size={rtp} must divide the rollout pool's "
                       f"rollout.nnodes*rollout.n_gpus_per_node={world} workers: use one of "
                       f"{[d for d in range(1, world + 1) if world % d == 0]}")
-    if at.use_rollout_log_probs and rollout_correction_on(cfg.algorithm.rollout_correction):
-        errors.append(f"async_training.use_rollout_log_probs=true makes pi_old the rollout's own log-probs, so "
-                      f"{RC}'s weights pi_old/pi_rollout are all 1: set one of them off")
-    if at.use_rollout_log_probs and arr.actor.recompute_old_log_prob == "skip":
-        errors.append(f"async_training.use_rollout_log_probs=true takes pi_old from the rollout, but "
-                      f"{ARR}.actor.recompute_old_log_prob=skip uses the update's own forward: use auto or always")
+    return errors
+
+
+def bypass_errors(cfg) -> list[str]:
+    """pi_old taken from the rollout (verl's bypass mode, or use_rollout_log_probs) with what needs
+    the trainer's own pi_old."""
+    rc, arr, errors = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref, []
+    keys = ([f"{RC}.bypass_mode"] if rc.bypass_mode else []) + (
+        ["async_training.use_rollout_log_probs"] if cfg.async_training.use_rollout_log_probs
+        and not arr.hybrid_engine else [])
+    if not keys:
+        return []
+    said = " and ".join(f"{k}=true" for k in keys)
+    if rollout_correction_on(rc):
+        errors.append(f"{said} makes pi_old the rollout's own log-probs, so {RC}'s weights pi_old/pi_rollout are "
+                      f"all 1 (verl weighs pi_theta/pi_rollout inside the loss there, not implemented here): set "
+                      f"{RC}.rollout_is and rollout_rs to null, or {keys[0]}=false")
+    if arr.actor.recompute_old_log_prob == "skip":
+        errors.append(f"{said} takes pi_old from the rollout, but {ARR}.actor.recompute_old_log_prob=skip uses the "
+                      "update's own forward: use auto or always")
     return errors

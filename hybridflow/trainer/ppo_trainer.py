@@ -19,6 +19,7 @@ from hybridflow.algorithms import (
     apply_kl_penalty, combine_metric, compute_advantage, get_advantage_estimator, make_kl_controller,
 )
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
+from hybridflow.config.resolve import bypass_old_log_prob
 from hybridflow.config.rules import rollout_correction_on
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt, pool_calls
@@ -72,6 +73,7 @@ class PPOTrainer:
         actor = cfg.actor_rollout_ref.actor
         # strictly on-policy: no separate old-log-prob forward (config/resolve.py strictly_on_policy)
         self.on_policy = actor.recompute_old_log_prob == "skip"
+        self.bypass = bypass_old_log_prob(cfg)
         # verl's rollout correction (trainer/rollout_correction.py); None when off
         self.rollout_correction = algo.rollout_correction if rollout_correction_on(algo.rollout_correction) else None
         self.kl_ctrl = make_kl_controller(algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl,
@@ -154,8 +156,8 @@ class PPOTrainer:
             # a role on a pool of its own starts now and works while the actor's pool does
             ref = self._start("ref", "compute_ref_log_prob", batch) if self.use_ref else None
             values = self._start("critic", "compute_values", batch) if self.critic is not None else None
-            if self.rollout_pool is not None and cfg.async_training.use_rollout_log_probs:
-                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]  # verl's bypass: no forward
+            if self.bypass:  # verl's bypass mode: pi_old is the sampler's own, no forward
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             elif not self.on_policy:
                 with timer("old_log_prob", metrics):
                     batch.union(self.actor.compute_log_prob(batch))

@@ -8,6 +8,8 @@ warm-started e2e-medium model, 16 prompts x 8 samples, answers up to 256 tokens)
   ``async_training.staleness_threshold=1`` (the rollout samples batch k+1 while step k trains);
 - ``turns``: the same two pools with ``staleness_threshold=0``: each waits for the other (the
   baseline the overlap is measured against: same devices, same work);
+
+both as the ``grpo_async`` recipe has them: verl's bypass mode, pi_old the sampler's own log-probs;
 - ``colocated``: the hybrid engine on both slots (our default layout).
 
     .venv/bin/python scripts/bench/async.py                    # about 10 min with the assets cached
@@ -35,8 +37,9 @@ sys.path.insert(0, BENCH)
 from e2e import REPO, run_recipe, summarise  # noqa: E402
 from longtail import assets  # noqa: E402
 
+# grpo_async's settings: verl's bypass mode (pi_old is the sampler's log-probs, no trainer forward)
 TWO_POOLS = ("actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
-             "rollout.n_gpus_per_node=1")
+             "rollout.n_gpus_per_node=1", "algorithm.rollout_correction.bypass_mode=true")
 RUNS = {
     "one_step_off": (*TWO_POOLS, "async_training.staleness_threshold=1"),
     "turns": (*TWO_POOLS, "async_training.staleness_threshold=0"),

@@ -63,3 +63,22 @@ def test_the_hybrid_engine_ignores_the_rollout_pool():
     """rollout.* sizes only the pool hybrid_engine=false starts; with the hybrid engine, a rollout TP
     that does not divide rollout.n_gpus_per_node is no error."""
     validate(grpo(rollout__n_gpus_per_node=3), check_paths=False)
+
+
+@pytest.mark.parametrize("overrides", [{"algorithm__rollout_correction__bypass_mode": True},
+                                       {**OWN_POOL, "async_training__use_rollout_log_probs": True}])
+def test_bypass_takes_pi_old_from_the_rollout(overrides):
+    from hybridflow.config.resolve import bypass_old_log_prob
+
+    cfg = grpo(**overrides, actor_rollout_ref__actor__ppo_mini_batch_size=8, actor_rollout_ref__actor__use_kl_loss=False)
+    validate(cfg, check_paths=False)
+    assert bypass_old_log_prob(cfg)
+    assert cfg.actor_rollout_ref.actor.recompute_old_log_prob == "always"  # the update reads old_log_probs
+    msg = error_of(grpo(**overrides, algorithm__rollout_correction__rollout_is="token"), check_paths=False)
+    assert "makes pi_old the rollout's own log-probs" in msg, msg
+
+
+def test_use_rollout_log_probs_needs_a_rollout_pool_of_its_own():
+    from hybridflow.config.resolve import bypass_old_log_prob
+
+    assert not bypass_old_log_prob(grpo(async_training__use_rollout_log_probs=True))

@@ -90,3 +90,11 @@ def test_off_by_default(tmp_path):
     (batch,) = actor.updated
     assert "rollout_is_weights" not in batch.batch.keys()
     assert not any(k.startswith("rollout_corr/") for k in metrics)
+
+
+def test_bypass_mode_takes_pi_old_from_the_rollout_without_a_forward(tmp_path):
+    cfg, actor, metrics = _step(tmp_path, "algorithm.rollout_correction.bypass_mode=true")
+    assert "compute_log_prob" not in actor.log  # verl's bypass: no old-log-prob forward
+    (batch,) = actor.updated
+    torch.testing.assert_close(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
+    assert "rollout_is_weights" not in batch.batch.keys()
