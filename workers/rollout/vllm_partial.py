@@ -27,15 +27,18 @@ tokens sampled with those weights (synchronous scheduling; with vLLM's async sch
 preemption drops the tokens still in flight, which are then sampled again with the new weights).
 
 Tensor parallelism: the ranks of one generation TP group step one engine in lockstep
-(external_launcher), so they must switch before the same step. Before every step the group's
-first rank polls (at most every ``poll_s``) and broadcasts the new version, or -1; the other
-ranks then call their own ``switch`` for that version's weights (each rank loads full HF-named
-tensors, vLLM keeps its shard). The broadcast goes through the engine's own TP group, which
+(external_launcher), so they must switch before the same step. The group's first rank polls and
+broadcasts the new version, or -1, before the steps it schedules: each message also says how many
+steps until the next one, about ``poll_s`` at the step time it measured (1 step at the call's
+start and with ``poll_s=0``), so the ranks agree on when to exchange without a clock. The other
+ranks call their own ``switch`` only for a version their first rank switched to, and load its
+weights (each rank loads full HF-named tensors, vLLM keeps its shard). The broadcast goes through the engine's own TP group, which
 external_launcher built once on the worker's torch.distributed world: its shared-memory message
 queue (vLLM's ``mq_broadcaster``) when it has one, else torch.distributed over its gloo group.
 Why not a gloo group of our own: in a TP=2 engine's two processes on 2 cores (AVX-512 CPU), a
 gloo broadcast of one int took 340 us (the message queue: 7 us), and a gloo broadcast before each
-of the demo-size call's 9 steps made it 80 -> 96 ms.
+of the demo-size call's 9 steps made it 80 -> 96 ms; the message queue before every step still
+cost about 1 ms per call, hence the exchanges spaced by ``poll_s``.
 """
 from __future__ import annotations
 
@@ -74,26 +77,43 @@ class WeightSwitcher:
         self.tp = tp if tp.world_size > 1 else None
         self.polls = self.tp is None or tp.rank_in_group == 0
         self._last_poll = float("-inf")
+        # TP > 1: steps until the group's next exchange, and the gap the last one announced
+        self._steps_to_exchange, self._gap = 0, 1
         # the labels vLLM puts on this call's tokens until a switch
         rollout.llm.llm_engine.set_weight_version(str(self.version))
 
     def __call__(self) -> None:
-        offer = self._poll() if self.polls else None
-        if self.tp is not None:
-            decided = self._share(int(offer[0]) if offer is not None else NONE)
+        if self.tp is None:
+            offer = self._poll()
+        elif self._steps_to_exchange:
+            self._steps_to_exchange -= 1
+            return
+        else:
+            offer = self.switch() if self.polls else None
+            message = (int(offer[0]) if offer is not None else NONE, self._next_gap() if self.polls else 0)
+            decided, self._gap = self._share(message)
+            self._steps_to_exchange = self._gap - 1
             if not self.polls and decided != NONE:
                 offer = self._follow(decided)
         if offer is not None:
             self._load(*offer)
 
-    def _share(self, version: int) -> int:
-        """The first TP rank's decision, on every rank of the group."""
+    def _next_gap(self) -> int:
+        """(First TP rank) steps until the next exchange: about ``poll_s`` at the step time since
+        the last one; 1 at the call's first exchange, before any step was timed."""
+        now = time.monotonic()
+        step_s = (now - self._last_poll) / self._gap
+        self._last_poll = now
+        return max(1, int(self.poll_s / step_s)) if step_s > 0 else 1
+
+    def _share(self, message: tuple[int, int]) -> tuple[int, int]:
+        """The first TP rank's (decision, steps to the next exchange), on every rank of the group."""
         queue = self.tp.mq_broadcaster
         if queue is None:  # no shared-memory ring: torch.distributed over the group's gloo group
-            return self.tp.broadcast_object(version, src=0)
+            return self.tp.broadcast_object(message, src=0)
         if self.polls:
-            queue.enqueue(version, timeout=DECISION_TIMEOUT_S)
-            return version
+            queue.enqueue(message, timeout=DECISION_TIMEOUT_S)
+            return message
         return queue.dequeue(timeout=DECISION_TIMEOUT_S)
 
     def _poll(self):

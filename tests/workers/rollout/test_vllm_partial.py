@@ -68,8 +68,10 @@ def _partial_worker(rank, world, tp, old_path, new_path):
     results["once"] = run(switch=once, version=0, poll_s=0.0)
     twice = _ScriptedSwitch({2: (2, old_path), 3: (3, new_path)}, follows)
     results["twice"] = run(switch=twice, version=1, poll_s=0.0)
-    results["calls"] = {"never": never.calls, "once": once.calls, "twice": twice.calls}
-    results["follows"] = follows
+    rare = _ScriptedSwitch({}, follows)
+    run(switch=rare, version=3, poll_s=30.0)
+    results["calls"] = {"never": never.calls, "once": once.calls, "twice": twice.calls, "rare": rare.calls}
+    results["follows"], results["tp"] = follows, tp
     results["layout"] = (rollout.dp_rank, rollout.is_collect)
     results["pad"], results["stops"] = rollout.pad_token_id, set(META["stop_token_ids"]) | set(rollout.eos_token_ids)
     return results
@@ -110,9 +112,12 @@ def test_a_switch_that_never_fires_changes_nothing(spawned):
         assert (never[TOKEN_VERSIONS][mask] == 0).all() and (never[TOKEN_VERSIONS][~mask] == NONE).all()
         assert metrics[PARTIAL_SAMPLES] == 0 and metrics[WEIGHT_SWITCHES] == 0
         assert set(metrics) == set(plain_metrics) | {PARTIAL_SAMPLES, WEIGHT_SWITCHES}
-    # the first rank polled every step; the other rank never asked its switch
-    assert [r["calls"]["never"] > 1 for r in results] == [not r["follows"] for r in results]
+    # with poll_s=0 the first rank polled before every step; the other rank never asked its switch
+    assert [r["calls"]["never"] > 2 for r in results] == [not r["follows"] for r in results]
     assert all(r["calls"]["never"] == 0 for r in results if r["follows"])
+    # with poll_s longer than the call: at its start (TP > 1: and once more, after the first step
+    # gave the step time that spaces the exchanges)
+    assert [r["calls"]["rare"] for r in results] == [0 if r["follows"] else 1 + (r["tp"] > 1) for r in results]
 
 
 @pytest.mark.slow
