@@ -80,6 +80,14 @@ class AheadLoader:
         self._taken: _Pulled | None = None
         self.epoch = loader.epoch
 
+    @classmethod
+    def from_config(cls, cfg, loader, trainer_group, rollout_group, greedy: bool) -> "AheadLoader":
+        """As ``async_training.*`` asks; ``greedy``: ReMax's baseline is generated with each batch."""
+        at = cfg.async_training
+        return cls(loader, trainer_group, rollout_group, batch_size=cfg.data.train_batch_size,
+                   n=cfg.actor_rollout_ref.rollout.n, greedy=greedy, staleness=at.staleness_threshold,
+                   sync_every=at.trigger_parameter_sync_step, board=_partial_rollout_board(at))
+
     def __len__(self) -> int:
         return len(self.loader)
 
@@ -191,6 +199,17 @@ class AheadLoader:
             raise RuntimeError("AheadLoader.load_state_dict: batches were already read ahead")
         self.loader.load_state_dict(state)
         self.epoch = self.loader.epoch
+
+
+def _partial_rollout_board(at):
+    """Where a generation in flight sees new weights (controller/weight_board.py), when it may use
+    them: partial rollout, with generation running ahead of training (none is in flight at a sync
+    where the pools take turns)."""
+    if not at.partial_rollout or at.staleness_threshold == 0:
+        return None
+    from hybridflow.controller.weight_board import new_weight_board
+
+    return new_weight_board()
 
 
 def staleness_metrics(versions, step: int) -> dict:

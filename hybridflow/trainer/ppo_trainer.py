@@ -57,11 +57,8 @@ class PPOTrainer:
         # hybrid_engine=false: generation on a pool of its own, reading the loader ahead of training
         # (trainer/async_rollout.py); else the actor's own workers generate, batch by batch
         self.rollout_pool = groups.get("rollout")
-        self.batches = train_loader if self.rollout_pool is None else AheadLoader(
-            train_loader, self.actor, self.rollout_pool, batch_size=cfg.data.train_batch_size,
-            n=cfg.actor_rollout_ref.rollout.n, greedy=self.estimator.needs_greedy_baseline,
-            staleness=cfg.async_training.staleness_threshold,
-            sync_every=cfg.async_training.trigger_parameter_sync_step, board=_partial_rollout_board(cfg))
+        self.batches = train_loader if self.rollout_pool is None else AheadLoader.from_config(
+            cfg, train_loader, self.actor, self.rollout_pool, self.estimator.needs_greedy_baseline)
         self.generator = self.rollout_pool or self.actor
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
         # placement=separate: the roles whose processes are not the actor's are started without
@@ -419,18 +416,6 @@ def _mean_dicts(dicts) -> dict:
     keys = set().union(*dicts)
     return {k: float(combine_metric(k, [d[k] for d in dicts if k in d], [1.0] * sum(k in d for d in dicts)))
             for k in keys}
-
-
-def _partial_rollout_board(cfg):
-    """Where a generation in flight sees new weights (controller/weight_board.py), when it may use
-    them: partial rollout, with generation running ahead of training (none is in flight at a sync
-    where the pools take turns)."""
-    at = cfg.async_training
-    if cfg.actor_rollout_ref.hybrid_engine or not at.partial_rollout or at.staleness_threshold == 0:
-        return None
-    from hybridflow.controller.weight_board import new_weight_board
-
-    return new_weight_board()
 
 
 def _progress(total: int, initial: int, enabled: bool):
