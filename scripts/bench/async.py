@@ -34,8 +34,8 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 
-from e2e import REPO, run_recipe, summarise  # noqa: E402
-from longtail import assets  # noqa: E402
+from e2e import REPO  # noqa: E402
+from longtail import add_workload_args, assets, checked_args, recipe_overrides, run_ours  # noqa: E402
 
 # grpo_async's settings: verl's bypass mode (pi_old is the sampler's log-probs, no trainer forward)
 TWO_POOLS = ("actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
@@ -43,40 +43,24 @@ TWO_POOLS = ("actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1
 RUNS = {
     "one_step_off": (*TWO_POOLS, "async_training.staleness_threshold=1"),
     "turns": (*TWO_POOLS, "async_training.staleness_threshold=0"),
-    "colocated": ("trainer.n_gpus_per_node=2",),
+    "colocated": (),  # longtail.py's layout: --workers slots
 }
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "weight_sync/bytes")
 
 
+# packed sequences: a user's ``--`` overrides and the workload's keys come after, and win
+PACKED = ("actor_rollout_ref.model.use_remove_padding=true",)
+
+
 def overrides(args, paths: dict) -> list[str]:
-    return [
-        f"data.train_files=[{paths['data']}/train.parquet]", f"data.val_files=[{paths['data']}/val.parquet]",
-        f"actor_rollout_ref.model.path={paths['model']}", "data.apply_chat_template=false",
-        f"data.max_prompt_length={args.prompt_length}", f"data.max_response_length={args.response_length}",
-        f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.samples}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", "actor_rollout_ref.actor.use_kl_loss=false",
-        f"actor_rollout_ref.actor.optim.lr={args.lr}", "actor_rollout_ref.model.use_remove_padding=true",
-        f"trainer.total_training_steps={args.steps}", "trainer.timeline=true", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
-        "trainer.resume_mode=disable", "trainer.experiment_name=bench-async", *args.overrides,
-    ]
+    """Every run's keys before its own (``RUNS``): longtail.py's GRPO at the workload's shape, packed."""
+    return [*PACKED, *recipe_overrides(args, paths)]
 
 
 def run(args, paths: dict, name: str) -> dict:
-    run_dir = os.path.join(args.work_dir, "runs", name)
-    out = run_recipe([*overrides(args, paths), *RUNS[name]], run_dir, args.timeout)
-    if "error" in out:
-        return out
-    records = out["records"]
-    summary = summarise(records, args.warmup, args.prompts, args.samples)
-    kept = records[args.warmup:]
-    for key in ASYNC_METRICS:
-        values = sorted(r[key] for r in kept if key in r)
-        if values:
-            summary[key.replace("/", "_")] = values[len(values) // 2]
-    summary["samples_per_s"] = round(args.prompts * args.samples / summary["step_s"], 2)
-    summary["timeline_png"] = os.path.join(run_dir, "timeline.png")
-    summary["wall_s"] = round(out["wall_s"], 1)
+    summary = run_ours(args, paths, name, RUNS[name], leading=PACKED, keys=ASYNC_METRICS)
+    if "step_s" in summary:
+        summary["samples_per_s"] = round(args.prompts * args.samples / summary["step_s"], 2)
     return summary
 
 
@@ -91,24 +75,11 @@ def overlap_bound(turns: dict) -> float | None:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="an HF checkpoint (default: the workload's warm-started model)")
-    p.add_argument("--data", default=None, help="a folder with train.parquet/val.parquet (default: the workload's)")
-    p.add_argument("--steps", type=int, default=7, help="GRPO steps per run (the first --warmup are left out)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--samples", type=int, default=8)
-    p.add_argument("--prompt-length", type=int, default=24)
-    p.add_argument("--response-length", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1e-5)
+    add_workload_args(p, steps=7)  # --workers: the colocated run's slots (the pools take one each)
     p.add_argument("--runs", default=",".join(RUNS), help="comma list of: " + ", ".join(RUNS))
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-async"))
-    p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run (after --)")
-    args = p.parse_args(argv)
-    if args.steps <= args.warmup:
-        p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
-    args.work_dir = os.path.abspath(args.work_dir)
-    return args
+    return checked_args(p, argv)
 
 
 def main(argv=None) -> int:

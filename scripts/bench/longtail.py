@@ -82,14 +82,23 @@ def resolved_dtype(stderr: str, overrides: list[str]) -> str:
     return said[-1] if said else actor_dtype(overrides)
 
 
-def run_ours(args, paths: dict, name: str) -> dict:
+def run_ours(args, paths: dict, name: str, overrides: tuple = None, leading: tuple = (), keys: tuple = ()) -> dict:
+    """Our recipe at the workload's shape with ``overrides`` (default: ``RUNS[name]``) after it and
+    ``leading`` before it (the shape's keys and a user's win over those); ``keys``: metrics whose
+    median after the warm-up steps is reported too (``a/b`` as ``a_b``)."""
     run_dir = os.path.join(args.work_dir, "runs", name)
-    run = run_recipe([*recipe_overrides(args, paths), *RUNS[name]], run_dir, args.timeout)
+    run = run_recipe([*leading, *recipe_overrides(args, paths), *(RUNS[name] if overrides is None else overrides)],
+                     run_dir, args.timeout)
     if "error" in run:
         return run
     records = run["records"]
     steps_total = sum(r.get("timing_s/step", 0.0) for r in records)
-    return {**summarise(records, args.warmup, args.prompts, args.samples),
+    medians = {}
+    for key in keys:
+        values = sorted(r[key] for r in records[args.warmup:] if key in r)
+        if values:
+            medians[key.replace("/", "_")] = values[len(values) // 2]
+    return {**summarise(records, args.warmup, args.prompts, args.samples), **medians,
             "param_dtype": resolved_dtype(run["stderr"], args.overrides),
             "timeline_json": os.path.join(run_dir, "timeline.json"),
             "timeline_png": os.path.join(run_dir, "timeline.png"),
@@ -118,11 +127,11 @@ def ratios(results: dict, trl_key: str) -> dict:
     return out
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_args(p: argparse.ArgumentParser, steps: int = 6) -> None:
+    """The workload's flags, shared with the benches that run our recipe on it (async.py)."""
     p.add_argument("--model", default=None, help="an HF checkpoint (default: the workload's warm-started model)")
     p.add_argument("--data", default=None, help="a folder with train.parquet/val.parquet (default: the workload's)")
-    p.add_argument("--steps", type=int, default=6, help="GRPO steps per run (the first --warmup are left out)")
+    p.add_argument("--steps", type=int, default=steps, help="GRPO steps per run (the first --warmup are left out)")
     p.add_argument("--warmup", type=int, default=2, help="leading steps left out of the medians")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--samples", type=int, default=8)
@@ -132,16 +141,25 @@ def parse_args(argv):
     p.add_argument("--workers", type=int, default=2, help="trainer.n_gpus_per_node (CPU worker slots)")
     p.add_argument("--micro-batch", type=int, default=0,
                    help="sequences per forward/backward per worker (0: our defaults, 4 per update and 8 per log-prob pass)")
-    p.add_argument("--both-dtypes", action="store_true", help="also run TRL in the dtype ours did not resolve to")
-    p.add_argument("--no-trl", action="store_true", help="ours only")
-    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-longtail"))
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
-    p.add_argument("overrides", nargs="*", help="extra key=value overrides for our runs (after --)")
+
+
+def checked_args(p: argparse.ArgumentParser, argv) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must exceed --warmup {args.warmup} to leave steps to measure")
     args.work_dir = os.path.abspath(args.work_dir)
     return args
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(p)
+    p.add_argument("--both-dtypes", action="store_true", help="also run TRL in the dtype ours did not resolve to")
+    p.add_argument("--no-trl", action="store_true", help="ours only")
+    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-longtail"))
+    p.add_argument("overrides", nargs="*", help="extra key=value overrides for our runs (after --)")
+    return checked_args(p, argv)
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,8 @@ def test_each_run_is_a_valid_config_on_two_slots(run, rollout_world, staleness):
     from hybridflow.config.derived import derive
     from recipes.cli import compose_config
 
-    args = SimpleNamespace(prompt_length=24, response_length=256, prompts=16, samples=8, lr=1e-5, steps=7,
+    args = SimpleNamespace(prompt_length=24, response_length=256, prompts=16, samples=8, lr=1e-5, steps=7, workers=2,
+                           micro_batch=0,
                            overrides=[])
     paths = {"model": "/m", "data": "/d"}
     cfg = load_config(compose_config("grpo", [*bench.overrides(args, paths), *bench.RUNS[run]]))
