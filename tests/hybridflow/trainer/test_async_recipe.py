@@ -7,7 +7,7 @@ real recipe on a tiny fp32 model: one trainer slot, one rollout slot.
 - One step off policy with partial rollout: every batch after the first was sampled with the
   weights of one step before, the rows say so, the weights move as versioned buckets, and the
   stage timeline shows both pools working at once.
-- A rollout worker that dies stops the run with one clear line, without a hang.
+- A rollout or trainer worker that dies stops the run with one clear line, without a hang.
 """
 from __future__ import annotations
 
@@ -96,7 +96,11 @@ def test_one_step_off_with_partial_rollout_overlaps_the_pools(tmp_path):
     assert overlap > 0, "the rollout pool never worked while the trainer pool did"
 
 
-def test_a_dead_rollout_worker_stops_the_run_in_one_line(tmp_path):
+@pytest.mark.parametrize("process, group", [("colocated_rollout", "rollout/rollout"),
+                                            ("colocated_actor_rollout_ref", "main/actor_rollout_ref")])
+def test_a_dead_worker_of_either_pool_stops_the_run_in_one_line(tmp_path, process, group):
+    """The rollout pool generating ahead while the trainer trains: a death on either side fails the
+    wait on it; the other pool's pending work does not hold the run."""
     assets = make_assets(tmp_path, train_size=16)
     out = tmp_path / "dies"
     proc = subprocess.Popen(recipe_cmd(assets, out, *TWO_POOLS, "async_training.staleness_threshold=1",
@@ -111,7 +115,7 @@ def test_a_dead_rollout_worker_stops_the_run_in_one_line(tmp_path):
             assert time.monotonic() < deadline, "no step logged"
             if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip():
                 victim = next((p for p in psutil.Process(proc.pid).children(recursive=True)
-                               if "colocated_rollout" in " ".join(p.cmdline()).lower()), None)
+                               if " ".join(p.cmdline()).lower().startswith(f"ray::{process}")), None)
             time.sleep(0.2)
         victim.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=180)  # no hang: the controller's wait fails on the dead actor
@@ -120,4 +124,4 @@ def test_a_dead_rollout_worker_stops_the_run_in_one_line(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
-    assert "rollout" in err and "died" in err, err[-3000:]
+    assert f"{group}: rank 0 died during" in err, err[-3000:]
