@@ -52,6 +52,9 @@ HARMLESS: tuple[tuple[str, str], ...] = (
     ("vllm", "is not found in LD_PRELOAD"),  # tcmalloc / Intel OpenMP hints (docs: environment)
     # each worker sets its thread count before vLLM binds its OpenMP threads; vLLM keeps its binding
     ("vllm", "doesn't allow to use `torch.set_num_threads`"),
+    # rollout.dtype=auto follows the actor's compute dtype (bf16 where param_dtype=auto picks it) over
+    # an fp32 checkpoint: vLLM casts each weight as it loads it, which is the choice
+    ("vllm", "with dtype torch.float32 into parameter with dtype torch.bfloat16"),
 )
 
 

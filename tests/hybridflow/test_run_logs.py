@@ -51,6 +51,12 @@ def test_only_warnings_a_user_must_act_on_are_console_worthy():
     assert not run_logs.is_console_worthy(_record("ray._private.authentication", logging.WARNING,
                                                   "Token authentication is enabled for this Ray cluster."))
     assert run_logs.is_console_worthy(_record("vllm.engine", logging.WARNING, "max_model_len is too large"))
+    # a bf16 engine over an fp32 checkpoint casts on load (our rollout.dtype=auto); other casts still show
+    cast = "Attempted to load weight norm.weight with dtype torch.float32 into parameter with dtype torch.{}"
+    assert not run_logs.is_console_worthy(_record("vllm.model_executor.models.utils", logging.WARNING,
+                                                  cast.format("bfloat16")))
+    assert run_logs.is_console_worthy(_record("vllm.model_executor.models.utils", logging.WARNING,
+                                              cast.format("float16")))
     assert run_logs.is_console_worthy(_record("workers.rollout.vllm_rollout", logging.WARNING, "loaded nothing"))
     assert run_logs.is_console_worthy(_record("vllm.engine", logging.ERROR, "engine failed"))
     # a harmless text from another library than the one it is known from still shows
