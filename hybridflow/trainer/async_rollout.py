@@ -7,7 +7,8 @@ verl's ``async_training.staleness_threshold`` (τ) with ``trigger_parameter_sync
 prompts rather than verl's streamed samples: while step k trains, the rollout, holding the weights
 of step v, may be given at most
 
-    (v + T * (1 + τ) - k) * B        prompts beyond step k's batch (B = data.train_batch_size)
+    (v + T * (1 + τ) - k) * B        prompts beyond step k's batch (B: the loader's batch, data.train_batch_size
+                                     or dynamic sampling's data.gen_batch_size)
 
 so τ=0 is strict alternation (the next batch starts after the sync that follows the update), τ=1 is
 verl's one-step-off policy (batch k+1 samples with step k-1's weights while step k trains), and
@@ -83,8 +84,10 @@ class AheadLoader:
     @classmethod
     def from_config(cls, cfg, loader, trainer_group, rollout_group, greedy: bool) -> "AheadLoader":
         """As ``async_training.*`` asks; ``greedy``: ReMax's baseline is generated with each batch."""
-        at = cfg.async_training
-        return cls(loader, trainer_group, rollout_group, batch_size=cfg.data.train_batch_size,
+        from hybridflow.config.derived import prompts_per_generation_batch
+
+        at = cfg.async_training  # B: what the loader gives at a time (dynamic sampling: gen_batch_size)
+        return cls(loader, trainer_group, rollout_group, batch_size=prompts_per_generation_batch(cfg),
                    n=cfg.actor_rollout_ref.rollout.n, greedy=greedy, staleness=at.staleness_threshold,
                    sync_every=at.trigger_parameter_sync_step, board=_partial_rollout_board(at))
 

@@ -142,6 +142,8 @@ class PPOTrainer:
             batch, baselines, filter_values, pending = self._rollout(batch, metrics)
             if cfg.algorithm.filter_groups.enable:
                 batch, baselines = self._keep_informative_prompts(batch, baselines, filter_values, metrics)
+            if self.rollout_pool is not None:  # of the rows trained on (dynamic sampling: several batches)
+                metrics.update(staleness_metrics(batch.batch["rollout_weight_version"], self.global_step))
             order = None
             if cfg.trainer.balance_batch:  # even the tokens each data-parallel rank computes
                 order, balance_metrics = balanced_order(batch.batch["attention_mask"].sum(-1),
@@ -218,7 +220,6 @@ class PPOTrainer:
                 metrics.update(gen_out.meta_info.pop("metrics", {}))
             else:  # generated ahead on the rollout's pool, greedy baseline included
                 gen_out, greedy = self.batches.generations(metrics)
-                metrics.update(staleness_metrics(gen_out.batch["rollout_weight_version"], self.global_step))
         baselines = None
         if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
             with timer("gen_max", metrics):
