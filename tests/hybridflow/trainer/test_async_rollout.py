@@ -138,3 +138,17 @@ def test_a_resumed_run_reads_ahead_as_far_as_the_uninterrupted_one(staleness, ca
     batch = ahead.next_batch()
     assert batch["input_ids"][:, 0].tolist() == list(range(2 * B, 3 * B))
     assert len(rollout.calls) == calls and all(v == 2 for v, _ in rollout.calls)
+
+
+def test_dynamic_sampling_takes_extra_batches_within_a_step():
+    """A step that needs a second batch (DAPO) gets it at once, read ahead or generated now, and the
+    read-ahead stays one batch beyond the batch last taken."""
+    ahead, rollout = _ahead(1.0)
+    ahead.sync(0, {})
+    versions = []
+    for step in (1, 2):
+        for _ in range(2):  # two batches a step
+            ahead.next_batch()
+            versions.append(ahead.generations({})[0].batch["rollout_weight_version"].unique().tolist())
+        ahead.weights_updated(step, {})
+    assert versions == [[0], [0], [0], [1]]  # step 2's first batch was read ahead during step 1
