@@ -37,9 +37,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybridflow.data.loader import TENSOR_KEYS
 from hybridflow.protocol import DataProto
 
-GEN_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+def generation_request(prompts: DataProto, **sampling) -> DataProto:
+    """What ``generate_sequences`` is given for ``prompts``: their tensors, ``sampling`` (n, ...)
+    in meta_info. The trainer builds its requests here too, on either placement."""
+    request = prompts.select(list(TENSOR_KEYS), [], [])
+    request.meta_info.update(sampling)
+    return request
+
+
+def greedy_request(request: DataProto) -> DataProto:
+    """ReMax's baseline request (Li et al. 2023): one greedy response per prompt of ``request``."""
+    greedy = request.select()
+    greedy.meta_info.update(n=1, do_sample=False)
+    return greedy
 
 
 @dataclass
@@ -91,9 +105,6 @@ class AheadLoader:
                    n=cfg.actor_rollout_ref.rollout.n, greedy=greedy, staleness=at.staleness_threshold,
                    sync_every=at.trigger_parameter_sync_step, board=_partial_rollout_board(at))
 
-    def __len__(self) -> int:
-        return len(self.loader)
-
     # ------------------------------------------------------------------ weights
     def sync(self, step: int, metrics: dict) -> None:
         """Stage the trainer's weights as version ``step`` and queue their load on the rollout pool."""
@@ -139,16 +150,13 @@ class AheadLoader:
         prompts = DataProto.from_single_dict(entry.batch)
         if (entry.submitted, stop) != (0, len(prompts)):
             prompts = prompts[entry.submitted:stop]
-        gen_in = prompts.select(GEN_KEYS, [], [])
-        gen_in.meta_info.update(n=self.n)
+        gen_in = generation_request(prompts, n=self.n)
         if self.board is not None:  # partial rollout: switch to weights staged while it generates
             gen_in.meta_info["weight_board"] = self.board
         samples = self.rollout.submit("generate_sequences", gen_in)
         greedy = None
         if self.greedy:  # ReMax: the greedy baseline with the same weights
-            greedy_in = gen_in.select()
-            greedy_in.meta_info.update(n=1, do_sample=False)
-            greedy = self.rollout.submit("generate_sequences", greedy_in)
+            greedy = self.rollout.submit("generate_sequences", greedy_request(gen_in))
         entry.chunks.append(_Chunk(samples, greedy))
         self._submitted += stop - entry.submitted
         entry.submitted = stop
@@ -187,10 +195,6 @@ class AheadLoader:
             greedy = greedy[0] if len(greedy) == 1 else DataProto.concat(greedy)
         metrics["async/prompts_ahead"] = float(self._submitted - self._taken.first - self.batch_size)
         return (outs[0] if len(outs) == 1 else DataProto.concat(outs)), greedy
-
-    def generate(self, gen_in: DataProto) -> DataProto:
-        """A generation outside the training batches (validation), on the newest weights queued."""
-        return self.rollout.generate_sequences(gen_in)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

@@ -21,10 +21,11 @@ from hybridflow.algorithms import (
 from hybridflow.config.derived import model_parallel, reward_fn_runs_async
 from hybridflow.config.resolve import bypass_old_log_prob
 from hybridflow.config.rules import rollout_correction_on
+from hybridflow.data.loader import TENSOR_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt, pool_calls
 from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home before checkpoint.py)
-from hybridflow.trainer.async_rollout import AheadLoader, staleness_metrics
+from hybridflow.trainer.async_rollout import AheadLoader, generation_request, greedy_request, staleness_metrics
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
@@ -211,8 +212,7 @@ class PPOTrainer:
         model computes them, in which case the batch has no ``token_level_scores`` yet)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
-        gen_in.meta_info.update(n=n)
+        gen_in = generation_request(batch, n=n)
         greedy = None
         with timer("gen", metrics):
             if self.rollout_pool is None:
@@ -224,14 +224,12 @@ class PPOTrainer:
         if self.estimator.needs_greedy_baseline:  # ReMax (Li et al. 2023): greedy reward as the baseline
             with timer("gen_max", metrics):
                 if greedy is None:
-                    greedy_in = gen_in.select()
-                    greedy_in.meta_info.update(n=1, do_sample=False)
-                    greedy = self.actor.generate_sequences(greedy_in)
+                    greedy = self.actor.generate_sequences(greedy_request(gen_in))
                     greedy.meta_info.pop("metrics", None)
                 greedy.non_tensor_batch.update(batch.non_tensor_batch)
                 baselines = torch.tensor(self.score(greedy)[1]).repeat_interleave(n)
         batch = batch.repeat(n, interleave=True)
-        batch.pop(["input_ids", "attention_mask", "position_ids"])
+        batch.pop(list(TENSOR_KEYS))  # the rollout's output carries prompt + response
         batch.union(gen_out)
         if self.reward_process is not None:  # a snapshot: the step goes on changing the batch's columns
             return batch, baselines, None, self.reward_process.submit(batch.select(["responses", "response_mask"]))
@@ -335,9 +333,8 @@ class PPOTrainer:
             self.batches.sync(self.global_step, {})  # validate the trainer's weights, not older ones
         for batch_dict in self.val_loader:
             batch = DataProto.from_single_dict(batch_dict)
-            gen_in = batch.select(["input_ids", "attention_mask", "position_ids"], [], [])
-            gen_in.meta_info.update(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
-                                    top_p=vk.top_p, top_k=vk.top_k, stage="validation")
+            gen_in = generation_request(batch, n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
+                                        top_p=vk.top_p, top_k=vk.top_k, stage="validation")
             out = self.generator.generate_sequences(gen_in)
             for kept in ("metrics", "stage"):  # the reward model's scoring of it is its own stage
                 out.meta_info.pop(kept, None)
