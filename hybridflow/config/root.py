@@ -10,6 +10,7 @@ from hybridflow.config.async_training import AsyncTrainingConfig, RolloutPoolCon
 from hybridflow.config.critic import CriticConfig
 from hybridflow.config.data import DataConfig
 from hybridflow.config.keys import key
+from hybridflow.config.stage_fusion import StageFusionConfig
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardModelConfig
 from hybridflow.config.trainer import RayInitConfig, RayKwargsConfig, TrainerConfig
 from hybridflow.verl_compat import INERT_KEYS
@@ -28,6 +29,8 @@ class RootConfig:
     rollout: RolloutPoolConfig = key(RolloutPoolConfig(), "hybrid_engine=false: the rollout pool's slots")
     async_training: AsyncTrainingConfig = key(AsyncTrainingConfig(), "hybrid_engine=false: how far generation "
                                                                       "runs ahead of training")
+    stage_fusion: StageFusionConfig = key(StageFusionConfig(), "RLHFuse's stage fusion: streaming generation "
+                                                               "into inference, tail migration, fused updates")
     trainer: TrainerConfig = key(TrainerConfig(), "the loop, outputs and resources")
     ray_init: RayInitConfig = key(RayInitConfig(), "Ray's start")
     ray_kwargs: RayKwargsConfig = key(RayKwargsConfig(), "verl's newer layout of ray_init")

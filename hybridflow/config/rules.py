@@ -235,3 +235,36 @@ def bypass_errors(cfg) -> list[str]:
         errors.append(f"{said} takes pi_old from the rollout, but {ARR}.actor.recompute_old_log_prob=skip uses the "
                       "update's own forward: use auto or always")
     return errors
+
+
+def stage_fusion_errors(cfg, roles) -> list[str]:
+    """``stage_fusion``: what streaming generation and the fused update can run on
+    (hybridflow/config/stage_fusion.py); ``roles``: the run's models (model_checks.ModelRoles)."""
+    sf, arr, errors = cfg.stage_fusion, cfg.actor_rollout_ref, []
+    if sf.enable and arr.rollout.name != "vllm":
+        errors.append(f"stage_fusion.enable=true streams finished samples out of vLLM's engine steps: set "
+                      f"{ARR}.rollout.name=vllm, or stage_fusion.enable=false")
+    if sf.enable and not arr.hybrid_engine:
+        errors.append(f"stage_fusion.enable=true streams the batch a step trains on, and {ARR}.hybrid_engine=false "
+                      "generates whole batches ahead on the rollout's own pool: use one of the two")
+    if sf.fuse_actor_critic_update:
+        critic = cfg.critic
+        where = (f"{ARR}.actor.strategy={arr.actor.strategy}, critic.strategy={critic.strategy}")
+        if not roles.critic:
+            errors.append("stage_fusion.fuse_actor_critic_update=true fuses the critic's update with the actor's, "
+                          f"and this run has no critic (algorithm.adv_estimator={cfg.algorithm.adv_estimator}): "
+                          "set it to false")
+        elif arr.actor.strategy != "megatron" or critic.strategy != "megatron":
+            errors.append(f"stage_fusion.fuse_actor_critic_update=true fuses Megatron pipeline schedules ({where}): "
+                          "set both strategies to megatron, or the key to false")
+        else:
+            (actor_tp, actor_pp), (critic_tp, critic_pp) = roles.actor_parallel, roles.critic_parallel
+            if actor_pp < 2 or (actor_tp, actor_pp) != (critic_tp, critic_pp):
+                errors.append("stage_fusion.fuse_actor_critic_update=true needs the actor and the critic on the "
+                              f"same pipeline of 2 or more stages (actor tp={actor_tp} pp={actor_pp}, critic "
+                              f"tp={critic_tp} pp={critic_pp}): set {ARR}.actor.megatron and critic.megatron's "
+                              "pipeline_model_parallel_size to the same value >= 2")
+        if cfg.trainer.placement != "colocate":
+            errors.append("stage_fusion.fuse_actor_critic_update=true runs both updates in one process per slot: "
+                          f"set trainer.placement=colocate (it is {cfg.trainer.placement})")
+    return errors

@@ -28,15 +28,14 @@ from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home 
 from hybridflow.trainer.async_rollout import AheadLoader, generation_request, greedy_request, staleness_metrics
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
+from hybridflow.trainer.fused_rollout import FusedRollout
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.timeline import StageTimeline, timer
 from hybridflow.trainer.reward_process import PendingModelScores, RewardProcess, model_scoring, score_batch
-from hybridflow.trainer.val_metrics import join_columns, validation_metrics
-from hybridflow.trainer.generations import (
-    carry, dump_generations, extras_per_row, generation_rows, rollout_rows, take_carried, write_val_generations,
-)
+from hybridflow.trainer.validation import run_validation
+from hybridflow.trainer.generations import carry, dump_generations, rollout_rows, take_carried
 
 
 class PPOTrainer:
@@ -80,11 +79,26 @@ class PPOTrainer:
         # reference log-probs and values (validate warns where the key cannot apply)
         self.reward_process = (RewardProcess(tokenizer, reward_manager) if reward_fn_runs_async(cfg)
                                else None)
+        # stage_fusion.enable: generation streamed into reward and inference (trainer/fused_rollout.py)
+        self.fused = self._fused_rollout() if cfg.stage_fusion.enable and self.rollout_pool is None else None
         tp, pp = model_parallel(actor.strategy, actor.megatron)
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
         self.total_steps = self._total_steps()
         self.timeline = StageTimeline(groups, cfg.trainer.timeline)  # trainer/timeline.py
+
+    def _fused_rollout(self) -> FusedRollout:
+        """The stages a chunk of finished samples goes through while the rest generate."""
+        stages = []
+        if not (self.on_policy or self.bypass):
+            stages.append(("old_log_prob", self.actor, "compute_log_prob", "compute_log_prob_local"))
+        if self.use_ref:
+            stages.append(("ref", self.ref, "compute_ref_log_prob", "compute_ref_log_prob_local"))
+        if self.critic is not None:
+            stages.append(("values", self.critic, "compute_values", "compute_values_local"))
+        # a reward model scores after generation, as unfused; the reward function chunk by chunk
+        return FusedRollout(self.cfg, self.actor, stages, self.tokenizer,
+                            None if self.rm is not None else self.reward_manager)
 
     def _total_steps(self) -> int:
         t = self.cfg.trainer
@@ -154,13 +168,17 @@ class PPOTrainer:
                 metrics.update(balance_metrics)
             carried = take_carried(batch)  # the dump's texts: they followed the rows this far, not to the workers
             # a role on a pool of its own starts now and works while the actor's pool does
-            ref = self._start("ref", "compute_ref_log_prob", batch) if self.use_ref else None
-            values = self._start("critic", "compute_values", batch) if self.critic is not None else None
+            # (unless stage fusion computed them during generation)
+            ref = (self._start("ref", "compute_ref_log_prob", batch)
+                   if self.use_ref and "ref_log_prob" not in batch.keys() else None)
+            values = (self._start("critic", "compute_values", batch)
+                      if self.critic is not None and "values" not in batch.keys() else None)
             if self.bypass:  # verl's bypass mode: pi_old is the sampler's own, no forward
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             elif not self.on_policy:
-                with timer("old_log_prob", metrics):
-                    batch.union(self.actor.compute_log_prob(batch))
+                if "old_log_probs" not in batch.keys():  # else computed during generation (stage_fusion)
+                    with timer("old_log_prob", metrics):
+                        batch.union(self.actor.compute_log_prob(batch))
                 if "rollout_log_probs" in batch.keys():
                     metrics.update(rollout_probs_diff(batch))
             if ref is not None:
@@ -178,15 +196,7 @@ class PPOTrainer:
                 metrics.update(apply_rollout_correction(batch, self.rollout_correction))
             with timer("adv", metrics):
                 self.compute_advantages(batch, baselines, metrics)
-            if self.critic is not None:  # verl's order: the critic's update, then the actor's
-                with timer("update_critic", metrics):  # on a pool of its own it only starts here
-                    critic_update = self._start("critic", "update_critic", batch, at_once=True)
-            if self.global_step >= cfg.trainer.critic_warmup:  # verl's count: critic_warmup - 1 critic-only steps
-                with timer("update_actor", metrics):
-                    metrics.update(_mean_dicts(self.actor.update_actor(batch)))
-            if self.critic is not None:  # on a pool of its own it trained while the actor did
-                with timer("update_critic", metrics):
-                    metrics.update(_mean_dicts(critic_update.get()))
+            self._update(batch, metrics)
             if self.rollout_pool is not None:  # the new weights to the rollout's own pool
                 self.batches.weights_updated(self.global_step, metrics)
         metrics.update(data_metrics(batch, use_critic=self.critic is not None))
@@ -197,6 +207,24 @@ class PPOTrainer:
                 dump_generations(cfg.trainer.rollout_data_dir, self.global_step,
                                  rollout_rows(batch, carried, self.tokenizer))
         return metrics
+
+    def _update(self, batch: DataProto, metrics: dict) -> None:
+        """The critic's update, then the actor's (verl's order); with stage_fusion's
+        fuse_actor_critic_update both in one pipeline schedule (workers/fused_update.py)."""
+        actor_trains = self.global_step >= self.cfg.trainer.critic_warmup  # verl: critic_warmup - 1 critic-only steps
+        if actor_trains and self.critic is not None and self.cfg.stage_fusion.fuse_actor_critic_update:
+            with timer("update_actor_critic", metrics):
+                metrics.update(_mean_dicts(self.actor.update_actor_and_critic(batch)))
+            return
+        if self.critic is not None:
+            with timer("update_critic", metrics):  # on a pool of its own it only starts here
+                critic_update = self._start("critic", "update_critic", batch, at_once=True)
+        if actor_trains:
+            with timer("update_actor", metrics):
+                metrics.update(_mean_dicts(self.actor.update_actor(batch)))
+        if self.critic is not None:  # on a pool of its own it trained while the actor did
+            with timer("update_critic", metrics):
+                metrics.update(_mean_dicts(critic_update.get()))
 
     def _start(self, role: str, method: str, batch: DataProto, at_once: bool = False):
         """``role``'s group's ``method(batch)``; ``get()`` gives its result (trainer/pool_calls.py:
@@ -213,9 +241,11 @@ class PPOTrainer:
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_in = generation_request(batch, n=n)
-        greedy = None
+        greedy = scoring = None
         with timer("gen", metrics):
-            if self.rollout_pool is None:
+            if self.fused is not None:  # with reward and inference on chunks as they finish
+                gen_out, scoring = self.fused.run(gen_in, batch, n, metrics)
+            elif self.rollout_pool is None:
                 gen_out = self.actor.generate_sequences(gen_in)
                 metrics.update(gen_out.meta_info.pop("metrics", {}))
             else:  # generated ahead on the rollout's pool, greedy baseline included
@@ -231,9 +261,12 @@ class PPOTrainer:
         batch = batch.repeat(n, interleave=True)
         batch.pop(list(TENSOR_KEYS))  # the rollout's output carries prompt + response
         batch.union(gen_out)
+        fg = self.cfg.algorithm.filter_groups
+        if scoring is not None:  # scored chunk by chunk during generation
+            self._apply_scores(batch, scoring, metrics)
+            return batch, baselines, metric_values(fg.metric, scoring[1], scoring[3]) if fg.enable else None, None
         if self.reward_process is not None:  # a snapshot: the step goes on changing the batch's columns
             return batch, baselines, None, self.reward_process.submit(batch.select(["responses", "response_mask"]))
-        fg = self.cfg.algorithm.filter_groups
         if "reward_model" in self.overlapped and not fg.enable:  # scored on the other pool meanwhile
             return batch, baselines, None, PendingModelScores(self.rm.submit("compute_rm_score", batch))
         with timer("reward", metrics):
@@ -310,53 +343,8 @@ class PPOTrainer:
         b["advantages"], b["returns"] = adv, ret
 
     def validate(self) -> dict:
-        """Greedy (by default) generation on the whole validation set; val/score/mean, and with
-        ``val_kwargs.n > 1`` mean@N, best@N, ... (trainer/val_metrics.py)."""
-        vk, t = self.cfg.actor_rollout_ref.rollout.val_kwargs, self.cfg.trainer
-        keep = t.log_val_generations
-        scores, sources, extras, errors = [], [], [], []
-        samples = []  # text rows for log_val_generations / validation_data_dir
-
-        def take(out, scoring):  # one generated batch and its scores into the lists above
-            _, batch_scores, batch_metrics, extra, texts = scoring
-            errors.append(batch_metrics.get("reward/errors", 0.0))
-            wanted = len(out) if t.validation_data_dir else keep - len(samples)
-            if wanted > 0:
-                samples.extend(generation_rows(out, batch_scores, self.tokenizer, texts,
-                                               extras_per_row(extra, len(out)), limit=wanted))
-            scores.extend(batch_scores)
-            sources.extend(out.non_tensor_batch["data_source"])
-            extras.append((len(out), extra))
-
-        pending = None  # the previous batch, scored on the reward model's pool while this one generates
-        if self.rollout_pool is not None and self.batches.version != self.global_step:
-            self.batches.sync(self.global_step, {})  # validate the trainer's weights, not older ones
-        for batch_dict in self.val_loader:
-            batch = DataProto.from_single_dict(batch_dict)
-            gen_in = generation_request(batch, n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
-                                        top_p=vk.top_p, top_k=vk.top_k, stage="validation")
-            out = self.generator.generate_sequences(gen_in)
-            for kept in ("metrics", "stage"):  # the reward model's scoring of it is its own stage
-                out.meta_info.pop(kept, None)
-            out.non_tensor_batch.update(batch.repeat(vk.n, interleave=True).non_tensor_batch)
-            if pending is not None:
-                take(pending[0], pending[1].result())
-                pending = None
-            if "reward_model" in self.overlapped:
-                pending = (out, PendingModelScores(self.rm.submit("compute_rm_score", out)))
-            else:
-                with timer("val_reward", {}):  # on the timeline's driver track
-                    take(out, self.score(out))
-        if pending is not None:
-            take(pending[0], pending[1].result())
-        if keep:
-            write_val_generations(t.default_local_dir, self.global_step, samples[:keep])
-        if t.validation_data_dir:
-            dump_generations(t.validation_data_dir, self.global_step, samples)
-        result = validation_metrics(scores, sources, vk.n, join_columns(extras))
-        if self.rm is None:  # samples the reward function raised on (scored 0), as reward/errors in training
-            result["val/reward_errors"] = sum(errors)
-        return result
+        """Greedy (by default) generation on the whole validation set (trainer/validation.py)."""
+        return run_validation(self)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
