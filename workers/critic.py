@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hybridflow.algorithms.objectives import make_critic_loss_fn
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
+from workers import ppo_update
 from workers.actor_rollout_ref import build_engine
 from workers.engines.config import EngineConfig
 
@@ -45,21 +45,29 @@ class CriticWorker(Worker):
         values = self.engine.compute_values(data)
         return DataProto.from_dict({"values": values.float()}) if self.engine.is_collect else None
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def compute_values_local(self, data: DataProto) -> DataProto:
+        """compute_values of ``data`` on this rank alone, no collective (workers/engines/local_infer.py):
+        a rank freed from generation runs it while the others still generate."""
+        from workers.engines.local_infer import local_values
+
+        return DataProto.from_dict({"values": local_values(self.engine, data).float()})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def local_inference_ok(self) -> bool:
+        """Whether this layout lets compute_values_local run on one rank alone."""
+        from workers.engines.local_infer import local_inference_block
+
+        return local_inference_block(self.engine) is None
+
     @register(dispatch_mode=Dispatch.mesh("critic"))
     def update_critic(self, data: DataProto) -> dict[str, float]:
-        s = self.s
-        rows = s.ppo_mini_batch_size // self.engine.dp_size
-        if rows < 1 or len(data) % rows:
-            raise ValueError(f"update_critic: {len(data)} rows on this rank do not split into mini-batches of {rows}")
-        loss_fn = make_critic_loss_fn(s.cliprange_value, s.loss_agg_mode)
+        loss_fn = ppo_update.critic_loss_fn(self.s)
         t0 = time.perf_counter()
-        sums, count = {}, 0
-        for mini in data.make_iterator(rows, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed):
-            for k, v in self.engine.train_batch(mini, loss_fn).items():
-                key = k if "/" in k else f"critic/{k}"
-                sums[key] = sums.get(key, 0.0) + float(v)
-            count += 1
-        metrics = {k: v / count for k, v in sums.items()}
+        means = ppo_update.MetricMeans()
+        for mini in ppo_update.mini_batches("update_critic", self.s, data, self.engine.dp_size):
+            means.add("critic", self.engine.train_batch(mini, loss_fn))
+        metrics = means.means()
         metrics["timing_s/update_critic_worker"] = time.perf_counter() - t0
         return metrics
 

@@ -32,6 +32,8 @@ def create_colocated_worker_cls(role_classes: dict[str, RayClassWithInitArgs]) -
     def __init__(self, roles=init_args):
         Worker.__init__(self)
         self._roles = {role: cls(*args, **kwargs) for role, (cls, args, kwargs) in roles.items()}
+        for instance in self._roles.values():  # each role may reach its siblings (the fused PPO update)
+            instance._colocated_roles = self._roles
 
     namespace = {"__init__": __init__}
     for role, c in role_classes.items():

@@ -65,6 +65,11 @@ class EngineConfig:
     # state in host memory between engine calls (workers/engines/offload.py); nothing moves on CPU
     param_offload: bool = False
     optimizer_offload: bool = False
+    # Megatron, PP >= 2: lay the pipeline out backwards, stage s on pipeline rank P-1-s. A critic
+    # reversed against the actor lets PPO's two updates run as one fused schedule whose micro-
+    # batches flow in opposite directions and fill each other's bubbles (RLHFuse, arXiv
+    # 2409.13221; workers/engines/megatron_fused.py). Numbers are those of the plain layout.
+    reverse_pipeline: bool = False
     # LoRA (FSDP only): rank 0 trains every weight; > 0 freezes the model and trains rank-r
     # adapters on target_modules ("all-linear" or module names), scaled by alpha / rank
     # (workers/engines/lora.py). verl's model.lora_rank / lora_alpha / target_modules / exclude_modules
@@ -128,6 +133,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 bad(name, value, "use a positive token count, or None for fixed-size micro-batches")
+        if self.reverse_pipeline and self.strategy != "megatron":
+            bad("reverse_pipeline", self.reverse_pipeline, "only strategy='megatron' has pipeline stages to reverse")
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             bad("lora_rank", self.lora_rank, "use 0 (no LoRA) or a positive adapter rank")
         if self.lora_rank and self.strategy != "fsdp":

@@ -14,12 +14,15 @@ so each linear layer and its TP collective still runs once). Outputs (log-probs,
 metrics) are broadcast from the last stage, so every rank returns
 them; the collect rank is TP rank 0 of the last stage. ``param_dtype="bf16"``: bf16 parameters
 for compute, fp32 master weights, gradients reduced in fp32 (megatron's mixed-precision recipe).
+``reverse_pipeline`` puts stage ``s`` on pipeline rank ``P-1-s`` (RLHFuse's reversed critic, fused
+with the actor: megatron_fused.py); ``self.stage`` is this rank's stage, ``self.pp_rank`` its place
+in megatron's pipeline group.
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -35,7 +38,8 @@ from workers.engines import prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
 from workers.engines.logprob import response_log_probs
-from workers.engines.megatron_pipeline import StageLink, forward_backward_1f1b, forward_only
+from workers.engines.megatron_pipeline import (Schedule, StageLink, forward_only, no_work, reversed_p2p_group,
+                                               run_blocking, schedule_1f1b)
 from workers.engines.megatron_state import GradientSync, load_sharded, save_sharded
 from workers.engines.offload import HostOffload
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
@@ -85,6 +89,13 @@ def _all_reduce_through_shared_memory() -> None:
             ps._TENSOR_MODEL_PARALLEL_GROUP = group
 
 
+class TrainStep(NamedTuple):
+    meta: dict  # the mini-batch totals (base.mini_batch_meta)
+    micros: list
+    schedule: Schedule
+    skipping: bool  # skip_rows was given: report skipped_rows_frac
+
+
 class MegatronEngine:
     def __init__(self, config: EngineConfig, model_path: str, role: str):
         self.config = config.validate()
@@ -106,27 +117,33 @@ class MegatronEngine:
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        self.is_last_stage = self.pp_rank == self.pp - 1
+        self.reversed = bool(config.reverse_pipeline) and self.pp > 1
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        # global rank of each stage: the pipeline group's ranks in order, backwards when reversed
+        self.stage_ranks = [dist.get_global_rank(self.pp_group, r) for r in range(self.pp)]
+        if self.reversed:
+            self.stage_ranks.reverse()
+        self.stage = self.pp - 1 - self.pp_rank if self.reversed else self.pp_rank
+        self.is_last_stage = self.stage == self.pp - 1
         self.is_collect = self.tp_rank == 0 and self.is_last_stage
         self.device = hf_device.torch_device(int(os.environ.get("LOCAL_RANK", "0")))
 
         torch.manual_seed(config.seed)  # the critic's fresh score head: identical on every rank
         cfg = parallel_config(self.tp, self.pp, PARAM_DTYPES[config.param_dtype])
-        self.model = MegatronCausalLM(self.hf_config, self.dims, cfg, self.pp_rank,
+        self.model = MegatronCausalLM(self.hf_config, self.dims, cfg, self.stage,
                                       head="value" if role == "critic" else "lm",
                                       gradient_checkpointing=config.gradient_checkpointing and role != "ref")
-        load_stage(self.model, model_path, self.dims, self.tp, self.tp_rank, self.pp, self.pp_rank)
+        load_stage(self.model, model_path, self.dims, self.tp, self.tp_rank, self.pp, self.stage)
         self.model.to(self.device)
         if role == "ref":
             self.model.requires_grad_(False)
-        self.pp_group = ps.get_pipeline_model_parallel_group()
-        self.link = StageLink(None if self.pp_rank == 0 else ps.get_pipeline_model_parallel_prev_rank(),
-                              None if self.is_last_stage else ps.get_pipeline_model_parallel_next_rank(),
-                              cfg.params_dtype, self.device)
+        self.link = StageLink(None if self.stage == 0 else self.stage_ranks[self.stage - 1],
+                              None if self.is_last_stage else self.stage_ranks[self.stage + 1],
+                              cfg.params_dtype, self.device, reversed_p2p_group() if self.reversed else None)
 
         self.optimizer = self.scheduler = self.grads = None
         if role != "ref":
-            self.grads = GradientSync(self.model, self.dims, self.tp, self.pp, self.tp_rank, self.pp_rank)
+            self.grads = GradientSync(self.model, self.dims, self.tp, self.pp, self.tp_rank, self.stage)
             self.optimizer = build_optimizer(self.grads.master_params, config)
             self.scheduler = build_scheduler(self.optimizer, config)
         self.memory = HostOffload(self.device, self.model.to, self._move_optimizer,
@@ -214,7 +231,7 @@ class MegatronEngine:
             tensor = (torch.cat([p[key] for p in parts]) if self.is_last_stage
                       else torch.empty(len(data), resp_len, dtype=torch.float32, device=self.device))
             if self.pp > 1:  # every stage returns the outputs (the collect rank is on the last one)
-                dist.broadcast(tensor, src=ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+                dist.broadcast(tensor, src=self.stage_ranks[-1], group=self.pp_group)
             out[key] = tensor.cpu()
         return out
 
@@ -238,8 +255,19 @@ class MegatronEngine:
         ``data.meta_info`` may carry ``temperature`` (default 1.0) and ``calculate_entropy``.
         ``skip_rows`` (bool ``[rows]``) marks rows whose loss is identically zero: they count in
         the loss denominators but are not computed (``base.compact_rows``; TP and PP peers hold
-        the same rows, so they make the same choice).
+        the same rows, so they make the same choice). Three phases, which megatron_fused.py
+        interleaves with another engine's: ``begin_step``, driving its schedule, ``apply_gradients``
+        and ``finish_step``.
         """
+        step = self.begin_step(data, loss_fn, skip_rows)
+        with self.memory.params_on_device():
+            results = run_blocking(step.schedule)
+            grad_norm = self.apply_gradients()
+        return self.finish_step(step, results, grad_norm)
+
+    def begin_step(self, data, loss_fn: LossFn, skip_rows: Tensor | None = None) -> TrainStep:
+        """Split the mini-batch into micro-batches and zero the gradients; the returned step's
+        ``schedule`` (a megatron_pipeline.Schedule) runs every forward/backward when driven."""
         if self.optimizer is None:
             raise RuntimeError("MegatronEngine.train_batch: the 'ref' role is frozen; build the engine with "
                                "role='actor' or 'critic' to train")
@@ -268,25 +296,32 @@ class MegatronEngine:
 
         self.model.train()
         self.grads.zero()
-        with self.memory.params_on_device():
-            # no micro-batch left anywhere: the gradient is zero (reduce_and_clip reads missing
-            # grads as zeros) and the optimizer still steps, as it would on a zero loss
-            results = (forward_backward_1f1b(self.link, len(micros), shape_of, step, self.pp_rank, self.pp)
-                       if micros else [])
-            grad_norm = self.grads.reduce_and_clip(self.config.grad_clip)
-            if math.isfinite(grad_norm):
-                self.memory.optimizer_on_device()
-                self.optimizer.step()
-                self.grads.copy_master_to_model()
-                self.weights_version += 1
+        # no micro-batch left anywhere: the gradient is zero (reduce_and_clip reads missing
+        # grads as zeros) and the optimizer still steps, as it would on a zero loss
+        schedule = (schedule_1f1b(self.link, len(micros), shape_of, step, self.stage, self.pp)
+                    if micros else no_work())
+        return TrainStep(meta, micros, schedule, skip_rows is not None)
+
+    def apply_gradients(self) -> float:
+        """Reduce, clip and apply the accumulated gradients (parameters on the device); the norm."""
+        grad_norm = self.grads.reduce_and_clip(self.config.grad_clip)
+        if math.isfinite(grad_norm):
+            self.memory.optimizer_on_device()
+            self.optimizer.step()
+            self.grads.copy_master_to_model()
+            self.weights_version += 1
+        return grad_norm
+
+    def finish_step(self, step: TrainStep, results: list, grad_norm: float) -> dict[str, float]:
+        """The learning-rate schedule and the step's metrics (the same dict on every rank)."""
         # a non-finite gradient skips the update but not the schedule, so the lr stays on plan
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.grads.zero()
-        result, trained = self._mean_over_ranks(*local_metric_means(micros, results))
+        result, trained = self._mean_over_ranks(*local_metric_means(step.micros, results))
         result.update(grad_norm=grad_norm, lr=lr)
-        if skip_rows is not None:
-            result["skipped_rows_frac"] = skipped_rows_frac(meta, trained)
+        if step.skipping:
+            result["skipped_rows_frac"] = skipped_rows_frac(step.meta, trained)
         return result
 
     def _mean_over_ranks(self, metrics: dict[str, float], rows: int) -> tuple[dict[str, float], int]:
@@ -294,7 +329,7 @@ class MegatronEngine:
         row-weighted mean over the DP ranks (the same dict on every rank)."""
         if self.pp > 1:
             box = [metrics]
-            dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(), group=self.pp_group)
+            dist.broadcast_object_list(box, src=self.stage_ranks[-1], group=self.pp_group)
             metrics = box[0]
         return mean_over_ranks(metrics, rows, self.dp_size, ps.get_data_parallel_group())
 
@@ -303,8 +338,9 @@ class MegatronEngine:
         """Full tensors under HF names, one at a time, on every rank (a collective: all ranks must
         consume it in step). Tied models yield no ``lm_head.weight``, as their HF checkpoints."""
         with self.memory.params_on_device():
-            yield from export_hf(self.model, self.dims, self.tp, self.pp, self.pp_rank,
-                                 ps.get_tensor_model_parallel_group(), self.pp_group, self.device)
+            yield from export_hf(self.model, self.dims, self.tp, self.pp, self.stage,
+                                 ps.get_tensor_model_parallel_group(), self.pp_group, self.device,
+                                 stage_ranks=self.stage_ranks)
 
     def _hf_architecture(self) -> str:
         arch = self.dims.architecture
@@ -325,7 +361,7 @@ class MegatronEngine:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
-        """Per-rank ``path/megatron/tp{t}_pp{p}.pt`` (model, fp32 master weights, optimizer,
+        """Per-stage ``path/megatron/tp{t}_pp{stage}.pt`` (model, fp32 master weights, optimizer,
         scheduler, RNG), written by DP rank 0 (DP replicas are identical) + ``layout.json``."""
         with self.memory.all_on_device():
             save_sharded(self, path)

@@ -38,6 +38,7 @@ def _sum_of_squares(g: torch.Tensor) -> torch.Tensor:
 
 class GradientSync:
     def __init__(self, model: nn.Module, dims: ModelDims, tp: int, pp: int, tp_rank: int, pp_rank: int):
+        # pp_rank: the model's pipeline stage (a reversed engine's differs from its pipeline rank)
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.tp_rank = tp_rank
         # tensors split over TP (each rank's shard counts in the norm); the rest are replicated
@@ -110,8 +111,11 @@ class GradientSync:
 
 
 def _layout(engine) -> dict:
+    # files are named by pipeline *stage*, not rank, so a reversed engine's checkpoint loads into a
+    # plain one and back; reverse_pipeline is recorded for information only
     return {"tp": engine.tp, "pp": engine.pp, "architecture": engine.dims.architecture,
-            "num_layers": engine.dims.num_layers, "role": engine.role}
+            "num_layers": engine.dims.num_layers, "role": engine.role,
+            "reverse_pipeline": bool(getattr(engine, "reversed", False))}
 
 
 def save_sharded(engine, path: str) -> None:
@@ -123,7 +127,7 @@ def save_sharded(engine, path: str) -> None:
             state["optimizer"] = engine.optimizer.state_dict()
             state["scheduler"] = engine.scheduler.state_dict()
             state["master"] = [m.detach().cpu() for m in engine.grads.master_params] if engine.grads.mixed else None
-        torch.save(state, os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.pp_rank}.pt"))
+        torch.save(state, os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.stage}.pt"))
     if dist.get_rank() == 0:
         with open(os.path.join(folder, "layout.json"), "w") as f:
             json.dump(_layout(engine), f)
@@ -142,7 +146,7 @@ def load_sharded(engine, path: str) -> None:
         raise ValueError(f"checkpoint {path} was saved with tp={saved['tp']}, pp={saved['pp']} but this engine runs "
                          f"tp={engine.tp}, pp={engine.pp}: resume with the same tp/pp, or start from an HF export "
                          "(save_hf) of it")
-    state = load_tensors(os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.pp_rank}.pt"), map_location="cpu")
+    state = load_tensors(os.path.join(folder, f"tp{engine.tp_rank}_pp{engine.stage}.pt"), map_location="cpu")
     engine.model.load_state_dict(state["model"])
     if engine.optimizer is not None and "optimizer" in state:
         if engine.grads.mixed:

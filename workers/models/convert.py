@@ -120,8 +120,13 @@ def load_stage(model: nn.Module, model_path: str, dims: ModelDims, tp: int, tp_r
 @torch.no_grad()
 def export_hf(model: nn.Module, dims: ModelDims, tp: int, pp: int, pp_rank: int,
               tp_group: dist.ProcessGroup | None, pp_group: dist.ProcessGroup | None,
-              device: torch.device) -> Iterator[tuple[str, Tensor]]:
-    """Yield every full HF tensor on every rank (a collective: all ranks iterate in step)."""
+              device: torch.device, stage_ranks: list[int] | None = None) -> Iterator[tuple[str, Tensor]]:
+    """Yield every full HF tensor on every rank (a collective: all ranks iterate in step).
+
+    ``pp_rank`` is this rank's pipeline stage; ``stage_ranks[s]`` the global rank holding stage
+    ``s`` (default: the pipeline group's rank ``s``; a reversed pipeline holds them backwards)."""
+    if stage_ranks is None and pp > 1:
+        stage_ranks = [dist.get_global_rank(pp_group, stage) for stage in range(pp)]
     params = dict(model.named_parameters())
     dtype = next(iter(params.values())).dtype
     last = pp - 1
@@ -144,7 +149,7 @@ def export_hf(model: nn.Module, dims: ModelDims, tp: int, pp: int, pp_rank: int,
             for name, tensor in full:
                 if pp > 1:
                     tensor = tensor.contiguous()
-                    dist.broadcast(tensor, src=dist.get_global_rank(pp_group, stage), group=pp_group)
+                    dist.broadcast(tensor, src=stage_ranks[stage], group=pp_group)
                 yield name, tensor
         if stage != last or getattr(model, "head", "lm") != "value":
             continue
@@ -152,5 +157,5 @@ def export_hf(model: nn.Module, dims: ModelDims, tp: int, pp: int, pp_rank: int,
             tensor = params[name].detach().clone() if stage == pp_rank else torch.empty(
                 (1, dims.hidden_size) if name.endswith("weight") else (1,), dtype=dtype, device=device)
             if pp > 1:
-                dist.broadcast(tensor, src=dist.get_global_rank(pp_group, stage), group=pp_group)
+                dist.broadcast(tensor, src=stage_ranks[stage], group=pp_group)
             yield name, tensor
