@@ -22,6 +22,7 @@ from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
 from workers.engines.config import EngineConfig
 from workers.rollout.base import RolloutConfig
+from workers.stream_rollout import StreamingRollout
 
 ROLES = ("actor", "rollout", "ref")
 
@@ -57,7 +58,7 @@ def build_engine(cfg: EngineConfig, model_path: str, role: str):
     raise ValueError(f"actor_rollout_ref.actor.strategy={cfg.strategy!r}: use 'fsdp' or 'megatron'")
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(StreamingRollout, Worker):
     def __init__(self, settings: ActorRolloutRefSettings):
         super().__init__()
         unknown = set(settings.roles) - set(ROLES)
@@ -172,30 +173,47 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.mesh("rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        metrics: dict[str, float] = {}
+        with ExitStack() as generating:
+            self._generation_mode(generating, metrics)
+            out = self._generate(prompts, metrics)
+        out.meta_info["metrics"] = metrics
+        return out
+
+    def _generation_mode(self, stack: ExitStack, metrics: dict) -> None:
+        """Put this worker in generation mode until ``stack`` closes: the actor's weights synced
+        into the rollout if stale (resharding's generate_mode, its metrics into ``metrics``), the
+        generation RNG stream. Shared by generate_sequences and a stream's session."""
         from resharding import generate_mode
 
-        metrics: dict[str, float] = {}
         # stale: set by this worker's own updates and loads, and seen from the engine's version for
         # any other method that trains it (a subclass's custom update), so no sync is forgotten
         if self._weight_source is not None and (self._weights_stale or
                                                 self.engine.weights_version != self._synced_version):
             self._stats.reset()
-            with ExitStack() as generating:
-                with spans.span("weight_sync"):  # the timeline shows the sync apart from generation
-                    generating.enter_context(generate_mode(
-                        self.engine, self.rollout, self._weight_source, metrics, self.rng, self._stats,
-                        offload_engine=device.device_type() == "cuda"))
-                out = self._generate(prompts, metrics)
+            with spans.span("weight_sync"):  # the timeline shows the sync apart from generation
+                stack.enter_context(generate_mode(
+                    self.engine, self.rollout, self._weight_source, metrics, self.rng, self._stats,
+                    offload_engine=device.device_type() == "cuda"))
+            # the rollout holds these weights now (a generation failing after the sync keeps them)
             self._weights_stale = False
             self._synced_version = self.engine.weights_version
         else:
+            # asleep (GPU) since the last generation's end: a stream's session reopened by adopt
+            self.rollout.resume_memory()
             self.rng.to_generation()
-            try:
-                out = self._generate(prompts, metrics)
-            finally:
-                self.rng.to_training()
-        out.meta_info["metrics"] = metrics
-        return out
+            stack.callback(self.rng.to_training)
+
+    # streaming generation's hooks (workers/stream_rollout.py): generation mode kept across calls
+    def _enter_generation(self, metrics: dict) -> None:
+        stack = ExitStack()
+        self._generation_mode(stack, metrics)
+        self._generating = stack
+
+    def _leave_generation(self) -> None:
+        stack, self._generating = getattr(self, "_generating", None), None
+        if stack is not None:
+            stack.close()
 
     def _generate(self, prompts: DataProto, metrics: dict) -> DataProto:
         t0 = time.perf_counter()
@@ -208,23 +226,54 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=Dispatch.mesh("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto | None:
-        temperature = float(data.meta_info.get("temperature", self.s.temperature))
-        log_probs, entropy = self.engine.compute_log_prob(data, temperature, calculate_entropy=True)
-        if not self.engine.is_collect:
-            return None
-        return DataProto.from_dict({"old_log_probs": log_probs.float(), "entropys": entropy.float()})
+        return self._old_log_probs(data, local=False)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def compute_log_prob_local(self, data: DataProto) -> DataProto:
+        """compute_log_prob of ``data`` on this rank alone, no collective (workers/engines/local_infer.py):
+        a rank freed from generation runs it while the others still generate. Raises where the
+        layout needs other ranks (``local_inference_ok``)."""
+        return self._old_log_probs(data, local=True)
 
     @register(dispatch_mode=Dispatch.mesh("actor"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto | None:
+        return self._ref_log_probs(data, local=False)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def compute_ref_log_prob_local(self, data: DataProto) -> DataProto:
+        """compute_ref_log_prob of ``data`` on this rank alone (as compute_log_prob_local)."""
+        return self._ref_log_probs(data, local=True)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def local_inference_ok(self) -> bool:
+        """Whether every training engine of this worker can run the ``*_local`` calls alone."""
+        from workers.engines.local_infer import local_inference_block
+
+        return all(local_inference_block(e) is None for e in (self.engine, self.ref_engine) if e is not None)
+
+    def _log_probs(self, engine, data: DataProto, entropy: bool, local: bool):
+        from workers.engines.local_infer import local_log_prob
+
         temperature = float(data.meta_info.get("temperature", self.s.temperature))
+        if local:
+            return local_log_prob(engine, data, temperature, entropy)
+        return engine.compute_log_prob(data, temperature, calculate_entropy=entropy)
+
+    def _old_log_probs(self, data: DataProto, local: bool) -> DataProto | None:
+        log_probs, entropy = self._log_probs(self.engine, data, True, local)
+        if not (local or self.engine.is_collect):
+            return None
+        return DataProto.from_dict({"old_log_probs": log_probs.float(), "entropys": entropy.float()})
+
+    def _ref_log_probs(self, data: DataProto, local: bool) -> DataProto | None:
         if self.ref_engine is self.engine:  # LoRA: the frozen base weights are the reference policy
             from workers.engines.lora import adapters_disabled
 
             with adapters_disabled(self.engine.model):
-                log_probs, _ = self.engine.compute_log_prob(data, temperature)
+                log_probs, _ = self._log_probs(self.engine, data, False, local)
         else:
-            log_probs, _ = self.ref_engine.compute_log_prob(data, temperature)
-        if not self.ref_engine.is_collect:
+            log_probs, _ = self._log_probs(self.ref_engine, data, False, local)
+        if not (local or self.ref_engine.is_collect):
             return None
         return DataProto.from_dict({"ref_log_prob": log_probs.float()})
 

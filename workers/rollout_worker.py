@@ -30,6 +30,7 @@ from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
 from resharding.staging import StagedWeights, pack_buckets, unpack_bucket
 from workers.rollout.base import RolloutConfig
+from workers.stream_rollout import StreamingRollout
 
 ROLLOUT_STATE = "rollout_worker_rank{rank}.pt"
 VERSION_KEY = "rollout_weight_version"
@@ -137,7 +138,7 @@ class RolloutWorkerSettings:
     weight_fetch_timeout_s: float = 600.0  # per bucket: a trainer that stops answering fails the sync
 
 
-class RolloutWorker(Worker):
+class RolloutWorker(StreamingRollout, Worker):
     """One slot of the rollout pool: a vLLM engine (per generation TP group) and its RNG streams."""
 
     def __init__(self, settings: RolloutWorkerSettings):
@@ -177,9 +178,7 @@ class RolloutWorker(Worker):
         takes weights posted there while it generates (workers/rollout/vllm_partial.py); a row's
         version is then the oldest that wrote any of its tokens, ``rollout_token_versions`` has each
         token's, and the engine keeps the newest weights it took."""
-        if self.weight_version is None:
-            raise RuntimeError("RolloutWorker.generate_sequences: the engine holds no weights to generate with "
-                               "(rollout.load_format=dummy, or just resumed): call load_weights first")
+        self._check_weights("generate_sequences")
         board = prompts.meta_info.pop("weight_board", None)
         switch = BoardSwitch(board, self.weight_version, self.s.weight_fetch_timeout_s) if board is not None else None
         metrics: dict[str, float] = {}
@@ -204,10 +203,32 @@ class RolloutWorker(Worker):
         out.meta_info["metrics"] = metrics
         return out
 
+    def _check_weights(self, what: str) -> None:
+        if self.weight_version is None:
+            raise RuntimeError(f"RolloutWorker.{what}: the engine holds no weights to generate with "
+                               "(rollout.load_format=dummy, or just resumed): call load_weights first")
+
+    # streaming generation's hooks (workers/stream_rollout.py). A stream takes no partial-rollout
+    # weight switch: it generates with the version loaded when it opened (load_weights waits for
+    # its end), and every row it returns carries that version.
+    def _enter_generation(self, metrics: dict) -> None:
+        self._check_weights("stream_start")
+        self.rng.to_generation()
+
+    def _leave_generation(self) -> None:
+        self.rng.to_training()
+
+    def _stream_rows(self, rows: DataProto) -> None:
+        rows.batch[VERSION_KEY] = torch.full((len(rows),), self.weight_version, dtype=torch.int64)
+
     # ------------------------------------------------------------------ weights
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, staged: StagedWeights) -> dict[str, float]:
-        """Load a staged version into the engine, one bucket in memory at a time."""
+        """Load a staged version into the engine, one bucket in memory at a time. Refused while a
+        stream session is open (streams take no weight switch)."""
+        if self._stream is not None:
+            raise RuntimeError("RolloutWorker.load_weights: a stream session is open on this worker; its rows "
+                               "would mix weight versions. Step it to the end or stream_export it first")
         with spans.span("weight_sync"):  # the timeline names it as the hybrid worker's sync
             start = time.perf_counter()
             if staged.version == self._switched_to == self.weight_version:  # partial rollout took it already

@@ -56,6 +56,14 @@ def _emit(name: str, start: float, end: float) -> None:
         _spans.append((name, start, end))
 
 
+def relabel(name: str) -> None:
+    """Name the innermost open span ``name`` from here on (from inside a registered method: its
+    own span). A stream's many step calls record as the stage they serve (``gen``), not as
+    ``stream_step``; a no-op when not recording."""
+    if _spans is not None and _open:
+        _open[-1][0] = name
+
+
 @contextmanager
 def span(name: str) -> Iterator[None]:
     """Record the ``with`` body as stage ``name`` (a no-op when not recording)."""

@@ -32,6 +32,7 @@ In the padded layout, rows that repeat a prompt (GRPO's n samples) share one for
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -53,7 +54,7 @@ from workers.engines.logprob import response_log_probs, response_logits
 from workers.engines.lora import add_lora, lora_scalings, merge_lora
 from workers.engines.offload import HostOffload
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
-from workers.engines.token_budget import micro_batches
+from workers.engines.token_budget import local_plans, micro_batches
 
 ROLES = ("actor", "ref", "critic")
 
@@ -227,28 +228,39 @@ class FSDPEngine:
                              "same number of rows (DataProto.pad_to_divisor before chunking)")
 
     # ------------------------------------------------------------------ inference
+    def local_inference_block(self) -> str | None:
+        """Why this rank cannot infer alone (None: it can): sharded parameters are all-gathered per forward."""
+        return None if self.shard_size == 1 else (f"FSDP shards parameters over {self.shard_size} ranks, so every "
+                                                  "forward all-gathers them; set fsdp_size=1 for local inference")
+
     @torch.no_grad()
-    def _infer(self, data, temperature: float, calculate_entropy: bool, what: str) -> dict[str, Tensor]:
-        micros = micro_batches(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu,
-                               device=self.device)
-        self._check_same_micro_count(len(micros), what)
+    def _infer(self, data, temperature: float, calculate_entropy: bool, what: str,
+               local: bool = False) -> dict[str, Tensor]:
+        """``local``: this rank alone, with no collective (replicated only); the others may do anything."""
+        if local and (why := self.local_inference_block()):
+            raise ValueError(f"FSDPEngine.{what}(local=True): {why}")
+        with local_plans() if local else contextlib.nullcontext():  # local: no cross-rank micro-batch count
+            micros = micro_batches(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu,
+                                   device=self.device)
+        if not local:
+            self._check_same_micro_count(len(micros), what)
         self.model.eval()
         with self.memory.params_on_device(), self._gathered():
             parts = [self._forward(m, temperature, calculate_entropy) for m in micros]
         return {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
 
-    def compute_log_prob(self, data, temperature: float,
-                         calculate_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    def compute_log_prob(self, data, temperature: float, calculate_entropy: bool = False,
+                         local: bool = False) -> tuple[Tensor, Tensor | None]:
         if self.role == "critic":
             raise RuntimeError("FSDPEngine.compute_log_prob: a critic engine has no LM head; use compute_values")
-        out = self._infer(data, temperature, calculate_entropy, "compute_log_prob")
+        out = self._infer(data, temperature, calculate_entropy, "compute_log_prob", local)
         return out["log_probs"], out.get("entropy")
 
-    def compute_values(self, data) -> Tensor:
+    def compute_values(self, data, local: bool = False) -> Tensor:
         if self.role != "critic":
             raise RuntimeError(f"FSDPEngine.compute_values: role {self.role!r} has no value head; build "
                                "the engine with role='critic'")
-        return self._infer(data, 1.0, False, "compute_values")["values"]
+        return self._infer(data, 1.0, False, "compute_values", local)["values"]
 
     # ------------------------------------------------------------------ training
     def train_batch(self, data, loss_fn: LossFn, skip_rows: Tensor | None = None) -> dict[str, float]:

@@ -16,10 +16,29 @@ split their largest micro-batches in two until they have as many as the rank wit
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 
 from workers.engines.base import split_micro_batches
+
+_local = False  # inside ``local_plans()``: this rank plans alone
+
+
+@contextmanager
+def local_plans() -> Iterator[None]:
+    """Plan micro-batches from this rank's rows alone, with no all-reduce of the count: for an
+    inference call one rank makes while the others do something else (stream fusion's freed
+    ranks, workers/engines/local_infer.py). Only valid where no forward needs the other ranks
+    (FSDP replicated; Megatron TP = PP = 1): each rank then runs its own number of forwards."""
+    global _local
+    before, _local = _local, True
+    try:
+        yield
+    finally:
+        _local = before
 
 
 def micro_batches(data, rows: int, max_tokens: int | None, group=None, device=None) -> list:
@@ -63,7 +82,7 @@ def token_budget_micro_batches(data, max_tokens: int, group=None, device=None) -
     first = real.int().argmax(-1)  # left padding: the first real column
     last = real.shape[1] - real.flip(-1).int().argmax(-1)  # right padding: one past the last
     sizes = _groups_within(list(zip(first.tolist(), last.tolist())), max_tokens)
-    if dist.is_initialized():
+    if dist.is_initialized() and not _local:
         count = torch.tensor([len(sizes)], dtype=torch.int64, device=device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
         if int(count) > len(data):
