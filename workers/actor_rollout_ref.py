@@ -199,8 +199,8 @@ class ActorRolloutRefWorker(StreamingRollout, Worker):
             self._weights_stale = False
             self._synced_version = self.engine.weights_version
         else:
-            # asleep (GPU) since the last generation's end: a stream's session reopened by adopt
-            self.rollout.resume_memory()
+            # asleep (GPU) since the last generation's end, e.g. a stream's session reopened by adopt
+            getattr(self.rollout, "resume_memory", lambda: None)()
             self.rng.to_generation()
             stack.callback(self.rng.to_training)
 
