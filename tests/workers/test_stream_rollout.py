@@ -7,7 +7,8 @@ them. The rows of both ranks, by row_index, equal both ranks' generate_sequences
 carries the weight version; load_weights is refused while a session is open. The hybrid worker
 (FSDP actor + vLLM loaded with dummy weights): the stream syncs the actor's weights on entering
 generation (once, the timeline shows weight_sync apart) and its rows equal generate_sequences'
-after it; the stream's calls record as stage ``gen``.
+after it; the stream's calls record as stage ``gen``. A TP=2 engine (both ranks step it in
+lockstep) moves its tail into a new session of its own and still returns generate_sequences' rows.
 """
 from __future__ import annotations
 
@@ -92,6 +93,31 @@ def _stream_worker(rank, world, path):
     return out
 
 
+def _tp2_worker(rank, world, path):
+    """One TP=2 engine over both ranks: the same calls on both, a self-move (export, then adopt
+    into a new session) in the middle; the collect rank's rows equal generate_sequences'."""
+    import torch.distributed as dist
+
+    from workers.rollout.base import RolloutConfig
+    from workers.rollout_worker import RolloutWorker, RolloutWorkerSettings
+
+    worker = RolloutWorker(RolloutWorkerSettings(model_path=path, rollout=RolloutConfig(
+        prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, kv_cache_gib=0.125, seed=0,
+        tensor_model_parallel_size=2)))
+    worker.init_model()
+    prompts = _share(path, 0)
+    prompts = DataProto.concat([prompts, _share(path, 1)])
+    worker.stream_start(prompts)
+    rows, _ = _drain(worker, 2, calls=1)
+    exported = worker.stream_export()
+    partials = [exported]
+    dist.broadcast_object_list(partials, src=0)  # every rank of the TP group adopts the same list
+    worker.stream_adopt(partials[0])
+    more, last = _drain(worker, 3)
+    return {"rows": rows + more, "exported": exported, "moved": len(partials[0]), "done": last,
+            "reference": _np(worker.generate_sequences(prompts))}
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     from hybridflow.tiny import make_tiny_checkpoint
@@ -139,3 +165,14 @@ def test_hybrid_worker_streams_after_syncing_its_weights(results):
         assert not {"stream_start", "stream_step"} & set(results[r]["spans"])
     _assert_rows_equal(results[0]["hybrid_rows"] + results[1]["hybrid_rows"],
                        [results[r]["hybrid_reference"] for r in (0, 1)])
+
+
+@pytest.mark.slow
+def test_a_tp2_engine_streams_in_lockstep(tmp_path_factory):
+    from hybridflow.tiny import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(str(tmp_path_factory.mktemp("stream_tp2") / "m"), seed=0)
+    first, second = run_distributed(_tp2_worker, 2, path, timeout_s=300)
+    assert second["exported"] is None and second["rows"] == [] and first["moved"] > 0
+    assert first["done"]["unfinished"] == second["done"]["unfinished"] == 0
+    _assert_rows_equal(first["rows"], [first["reference"]])
