@@ -1,8 +1,8 @@
 """RLHFuse's fused actor-critic update (workers/engines/megatron_fused.py) on 2 real gloo ranks,
 PP=2, tiny tied Qwen2 in fp32: a reversed critic equals a plain one, and the fused step equals the
 actor's update followed by the critic's (weights and metrics, two optimizer steps), also with
-micro-batches of different sizes per model, and through the worker method
-``update_actor_and_critic``. One spawned job computes every number; the tests read them."""
+micro-batches of different sizes per model, with TP=2 peers (4 ranks), and through the worker
+method ``update_actor_and_critic``. One spawned job computes every number; the tests read them."""
 from __future__ import annotations
 
 import os
@@ -126,6 +126,10 @@ def _workers(rank, ckpt):
     return out
 
 
+def _tp_scenario(rank, world, ckpt):
+    return pickle.dumps(_fused_vs_sequential(rank, ckpt, {"tp": 2}, {"tp": 2}))
+
+
 def _scenario(rank, world, ckpt, workdir):
     out = {"reversed": _reversed_critic(rank, ckpt, workdir)}
     for case, (actor_kw, critic_kw) in CASES.items():
@@ -135,9 +139,14 @@ def _scenario(rank, world, ckpt, workdir):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("fused")
-    ckpt = make_tiny_checkpoint(str(root / "model"), arch="qwen2", tied=True, layers=2, seed=0)
+    return make_tiny_checkpoint(str(root / "model"), arch="qwen2", tied=True, layers=2, seed=0), root
+
+
+@pytest.fixture(scope="module")
+def results(checkpoint):
+    ckpt, root = checkpoint
     return [pickle.loads(r) for r in run_distributed(_scenario, WORLD, ckpt, str(root / "work"), timeout_s=300)]
 
 
@@ -161,7 +170,8 @@ def test_reversed_critic_equals_plain_critic(results):
     assert [r["reversed"]["reversed"]["collect"] for r in results] == [True, False]
     assert [r["reversed"]["plain"]["collect"] for r in results] == [False, True]
     for r in results:  # outputs are broadcast to every rank
-        torch.testing.assert_close(r["reversed"]["reversed"]["values"], r["reversed"]["plain"]["values"], atol=ATOL, rtol=0)
+        got = r["reversed"]
+        torch.testing.assert_close(got["reversed"]["values"], got["plain"]["values"], atol=ATOL, rtol=0)
     _assert_same_metrics(rev["step"], plain["step"], "critic step")
     _assert_same_weights(rev["weights"], plain["weights"], "reversed critic after one step")
     _assert_same_weights(results[0]["reversed"]["loaded_weights"], rev["weights"], "checkpoint reversed -> plain")
@@ -181,6 +191,20 @@ def test_fused_step_equals_actor_then_critic(results, case):
     first, second = results[0][case]
     assert any(not torch.equal(first["fused_weights"][0][n], second["fused_weights"][0][n])
                for n in first["fused_weights"][0]), "the second step should move the actor"
+
+
+@pytest.mark.slow
+def test_fused_step_with_tensor_parallel_peers(checkpoint):
+    """TP=2 x PP=2 on 4 ranks: a rank's TP peer must run the same model's forward at the same time
+    (their all-reduces pair up), so the driver's choices are agreed over the TP group."""
+    steps = [pickle.loads(r) for r in run_distributed(_tp_scenario, 4, checkpoint[0], timeout_s=300)]
+    for rank, rank_steps in enumerate(steps):
+        for step, got in enumerate(rank_steps, start=1):
+            for role, seq_m, fused_m in zip(("actor", "critic"), got["seq"], got["fused"]):
+                _assert_same_metrics(fused_m, seq_m, f"tp2 step {step} {role} rank {rank}")
+    for step, got in enumerate(steps[0], start=1):
+        for role, seq_w, fused_w in zip(("actor", "critic"), got["seq_weights"], got["fused_weights"]):
+            _assert_same_weights(fused_w, seq_w, f"tp2 step {step} {role}")
 
 
 @pytest.mark.slow
