@@ -1,7 +1,9 @@
 """The pieces of a PPO update the actor's, the critic's and the fused update share: how a worker's
 rows are cut into mini-batches, each role's loss function and per-step metrics, and the means
-reported over the steps. ``update_critic`` (critic.py) and ``update_actor_and_critic``
-(fused_update.py) use them; ``update_actor`` (actor_rollout_ref.py) does the same by hand."""
+reported over the steps: ``update_critic`` (critic.py), ``update_actor_and_critic``
+(fused_update.py) and ``update_actor`` (actor_rollout_ref.py) each cut, train and report alike.
+The means are per key over the steps that reported the key (the actor's rule; the critic's keys
+appear at every step, so for them it is the plain mean over steps it always was)."""
 from __future__ import annotations
 
 from typing import Iterator
