@@ -83,7 +83,9 @@ def critic_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:
                              d.critic_optimizer_steps_per_step, d.critic_warmup_steps) | dict(
         infer_micro_batch_size_per_gpu=critic.forward_micro_batch_size_per_gpu,
         infer_max_token_len_per_gpu=forward_budget if critic.use_dynamic_bsz else None,
-        override_config=critic_override_config(cfg))
+        override_config=critic_override_config(cfg),
+        # the fused update runs the critic's pipeline the other way (workers/engines/megatron_fused.py)
+        reverse_pipeline=cfg.stage_fusion.fuse_actor_critic_update)
 
 
 def sft_engine_kwargs(sft, total_steps: int) -> dict:

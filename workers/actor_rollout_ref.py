@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow import device
-from hybridflow.algorithms.objectives import ActorObjective, count_skipped_rows, make_actor_loss_fn
+from hybridflow.algorithms.objectives import ActorObjective
 from hybridflow.controller import Dispatch, Worker, register, spans
 from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
+from workers import ppo_update
 from workers.engines.config import EngineConfig
+from workers.fused_update import FusedActorCriticUpdate
 from workers.rollout.base import RolloutConfig
 from workers.stream_rollout import StreamingRollout
 
@@ -58,7 +60,7 @@ def build_engine(cfg: EngineConfig, model_path: str, role: str):
     raise ValueError(f"actor_rollout_ref.actor.strategy={cfg.strategy!r}: use 'fsdp' or 'megatron'")
 
 
-class ActorRolloutRefWorker(StreamingRollout, Worker):
+class ActorRolloutRefWorker(StreamingRollout, FusedActorCriticUpdate, Worker):
     def __init__(self, settings: ActorRolloutRefSettings):
         super().__init__()
         unknown = set(settings.roles) - set(ROLES)
@@ -282,24 +284,16 @@ class ActorRolloutRefWorker(StreamingRollout, Worker):
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """ppo_epochs passes over this rank's rows in mini-batches; one optimizer step each."""
         s, engine = self.s, self.engine
-        rows = s.ppo_mini_batch_size // engine.dp_size
-        if rows < 1 or len(data) % rows:
-            raise ValueError(f"update_actor: {len(data)} rows on this rank do not split into mini-batches of "
-                             f"{rows} (ppo_mini_batch_size {s.ppo_mini_batch_size} over {engine.dp_size} dp ranks)")
-        data.meta_info.update(temperature=float(data.meta_info.get("temperature", s.temperature)),
-                              calculate_entropy=True)
-        loss_fn = make_actor_loss_fn(s.objective)
+        ppo_update.prepare_actor_batch(s, data)
+        minis = ppo_update.mini_batches("update_actor", s, data, engine.dp_size)
+        loss_fn = ppo_update.actor_loss_fn(s)
         t0 = time.perf_counter()
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}  # a mini-batch whose rows were all skipped reports no entropy
-        for mini in data.make_iterator(rows, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed):
-            step = engine.train_batch(mini, loss_fn, skip_rows=s.objective.inert_rows(mini.batch))
-            for k, v in count_skipped_rows(step, on_policy="old_log_probs" not in mini.batch.keys()).items():
-                key = k if "/" in k else f"actor/{k}"
-                sums[key] = sums.get(key, 0.0) + float(v)
-                counts[key] = counts.get(key, 0) + 1
+        means = ppo_update.MetricMeans()
+        for mini in minis:
+            step = engine.train_batch(mini, loss_fn, skip_rows=ppo_update.actor_skip_rows(s, mini))
+            means.add("actor", ppo_update.actor_step_metrics(step, mini))
         self._weights_stale = True
-        metrics = {k: v / counts[k] for k, v in sums.items()}
+        metrics = means.means()
         metrics["timing_s/update_actor_worker"] = time.perf_counter() - t0
         return metrics
 

@@ -5,7 +5,7 @@ of ``group`` (a worker group with the ``stream_*`` methods of ``workers/stream_r
 drives each rank in slices of engine steps; every slice hands back the samples that finished in
 it. A user's own dataflow can stream too:
 
-    stream = GenerationStream(actor, prompts)
+    stream = GenerationStream(actor, generation_request(prompts), n=4)
     for chunk in stream:                  # DataProto chunks, rows tagged with ``row_index``
         scores.append(reward(chunk))      # starts while the long tail still generates
     batch = stream.batch()                # every row, in the order generate_sequences returns
@@ -25,6 +25,7 @@ in lockstep); only the collect rank's rows are kept.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 import ray
@@ -35,25 +36,46 @@ from hybridflow.protocol import DataProto
 ROW_INDEX = "row_index"
 # the fewest and most engine steps a slice may ask for; the count aims at ``slice_s`` of stepping
 MIN_STEPS, MAX_STEPS = 1, 256
+# slices queued per rank: the next one runs while the controller handles the last one's rows, so a
+# rank never waits for the controller between slices (with one, 0.27 s of a 1.9 s generation)
+DEPTH = 2
 
 
 class Replica:
-    """One generation data-parallel rank: its worker ranks (a TP group), its collect rank."""
+    """One generation data-parallel rank: its worker ranks (a TP group), its collect rank, and the
+    calls queued on them (Ray runs one actor's calls in order)."""
 
     def __init__(self, dp_rank: int, ranks: list[int], collect: int):
         self.dp_rank, self.ranks, self.collect = dp_rank, ranks, collect
-        self.refs: list = []  # the slice in flight, one ref per rank
-        self.adopting: list = []  # stream_adopt calls queued behind it, one ref per rank
+        self.calls: deque[tuple[str, list]] = deque()  # (method, one ref per rank), oldest first
         self.open = False  # a generation session is running on its engine
         self.unfinished = 0
         self.step_s = None  # the last slice's seconds per engine step
+        self.closed_at: float | None = None  # the controller's clock when its generation ended
         self.metrics: dict = {}
+
+    def queued(self, method: str) -> int:
+        return sum(m == method for m, _ in self.calls)
+
+    def slices_ahead(self) -> int:
+        """Slices queued after the last adopt (those before it cannot step what it brings)."""
+        count = 0
+        for method, _ in reversed(self.calls):
+            if method == "stream_adopt":
+                break
+            count += method == "stream_step"
+        return count
 
 
 class GenerationStream:
     """``prompts``' generation on ``group``'s rollout ranks, as chunks of finished samples."""
 
-    def __init__(self, group, prompts: DataProto, n: int = 1, slice_s: float = 0.05, steps: int = 4):
+    def __init__(self, group, prompts: DataProto, n: int | None = None, slice_s: float = 0.05):
+        """``n`` samples per prompt: the argument, else ``prompts.meta_info["n"]`` (one of them is
+        needed: the row indices depend on it, and the workers' default is their config's)."""
+        if n is None and "n" not in prompts.meta_info:
+            raise ValueError("GenerationStream: say how many samples per prompt, as n=... or meta_info['n']")
+        n = int(prompts.meta_info["n"] if n is None else n)
         self.group, self.n, self.slice_s = group, n, slice_s
         self.total = len(prompts) * n
         info = group.mesh_info("rollout")
@@ -67,41 +89,47 @@ class GenerationStream:
         self.finished_at: list[float] = []  # the controller's clock when each sample came back
         self.moved = 0
         prompts = prompts[0:len(prompts)]  # a view: the caller's batch gets no new column
+        prompts.meta_info["n"] = n
         prompts.batch[ROW_INDEX] = torch.arange(len(prompts), dtype=torch.long) * n
         starts = []
         # contiguous shares, sizes differing by at most one: the split the mesh dispatch would make
         bounds = np.linspace(0, len(prompts), len(self.replicas) + 1).round().astype(int)
         for replica, lo, hi in zip(self.replicas, bounds[:-1], bounds[1:]):
+            replica.open, replica.unfinished = hi > lo, int(hi - lo) * n
+            if not replica.open:  # fewer prompts than replicas: it holds no rank
+                replica.closed_at = self.started
+                continue
             share = prompts[int(lo):int(hi)]
             starts += [self._remote(r, "stream_start", share) for r in replica.ranks]
-            replica.open, replica.unfinished = hi > lo, int(hi - lo) * n
         group._wait(starts, "stream_start")
         for replica in self.replicas:
-            if replica.open:
-                self._step(replica, steps)
+            self._top_up(replica)
 
     # ------------------------------------------------------------------ calls
     def _remote(self, rank: int, method: str, *args):
         actor = self.group.actors[rank]
         return getattr(actor, self.group._prefix + method).remote(*args)
 
-    def _step(self, replica: Replica, steps: int) -> None:
-        replica.refs = [self._remote(r, "stream_step", steps) for r in replica.ranks]
+    def _queue(self, replica: Replica, method: str, *args) -> None:
+        replica.calls.append((method, [self._remote(r, method, *args) for r in replica.ranks]))
 
-    def _next_steps(self, replica: Replica) -> int:
-        if not replica.step_s:
-            return 4
-        return int(min(MAX_STEPS, max(MIN_STEPS, self.slice_s / replica.step_s)))
+    def _top_up(self, replica: Replica) -> None:
+        """Keep ``DEPTH`` slices queued on an open replica. The first slice is one engine step:
+        it measures the step time the next ones are sized by."""
+        while replica.open and replica.slices_ahead() < DEPTH:
+            steps = (1 if not replica.step_s else
+                     int(min(MAX_STEPS, max(MIN_STEPS, self.slice_s / replica.step_s))))
+            self._queue(replica, "stream_step", steps)
 
     # ------------------------------------------------------------------ driving
     @property
     def in_flight(self) -> list:
-        """The Ray refs of every slice running now (wait on them with your own)."""
-        return [ref for replica in self.replicas for ref in replica.refs + replica.adopting]
+        """The Ray refs of every call queued now (wait on them with your own)."""
+        return [ref for replica in self.replicas for _, refs in replica.calls for ref in refs]
 
     @property
     def done(self) -> bool:
-        return not any(replica.refs for replica in self.replicas)
+        return not any(replica.calls or replica.open for replica in self.replicas)
 
     @property
     def unfinished(self) -> int:
@@ -112,31 +140,33 @@ class GenerationStream:
         return [r for replica in self.replicas if not replica.open for r in replica.ranks]
 
     def take(self, ready: list) -> list[DataProto]:
-        """Handle the slices among ``ready`` refs whose every call answered: keep their finished
-        rows, start each replica's next slice; returns the new chunks."""
+        """Handle every queued call whose ranks all answered, oldest first per replica: keep the
+        finished rows, queue the next slices; returns the new chunks."""
         ready = set(ready)
         new = []
         for replica in self.replicas:
-            calls = replica.refs + replica.adopting
-            if not replica.refs or not all(ref in ready or _is_ready(ref) for ref in calls):
-                continue
-            size, at = len(replica.ranks), replica.ranks.index(replica.collect)
-            adopts = len(replica.adopting) // size
-            replica.refs, replica.adopting = [], []
-            results = self.group._wait(calls, "stream_step")
-            result = results[at]
-            if result["steps"]:
-                replica.step_s = result["seconds"] / result["steps"]
-            new += self._keep(result["rows"])
-            # samples adopted after this slice counted are still to run, even if it said done
-            adopted = sum(int(results[size * (k + 1) + at]) for k in range(adopts))
-            replica.unfinished = int(result["unfinished"]) + adopted
-            if result["done"] and not adopted:
-                replica.open = False
-                replica.metrics = result.get("metrics", {})
-            else:
-                self._step(replica, self._next_steps(replica))
+            while replica.calls and all(ref in ready or _is_ready(ref) for ref in replica.calls[0][1]):
+                method, refs = replica.calls.popleft()
+                result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
+                new += self._handle(replica, method, result)
+            self._top_up(replica)
         return new
+
+    def _handle(self, replica: Replica, method: str, result) -> list[DataProto]:
+        if method == "stream_adopt":  # not counted by the slices queued before it
+            replica.unfinished += int(result)
+            return []
+        if method != "stream_step":
+            return []
+        if result["steps"]:
+            replica.step_s = result["seconds"] / result["steps"]
+            replica.unfinished = int(result["unfinished"])
+        if result["done"] and result.get("metrics"):
+            replica.metrics = result["metrics"]
+        # done with an adopt queued behind: the adopt opens a new session on that engine
+        if result["done"] and replica.open and not replica.queued("stream_adopt"):
+            replica.open, replica.closed_at, replica.unfinished = False, time.perf_counter(), 0
+        return self._keep(result["rows"])
 
     def _keep(self, rows) -> list[DataProto]:
         if rows is None or not len(rows):
@@ -146,7 +176,7 @@ class GenerationStream:
         return [rows]
 
     def wait(self, timeout_s: float | None = None) -> list[DataProto]:
-        """Block until some slice answers (bounded by the group's call timeout); its chunks."""
+        """Block until some call answers (bounded by the group's call timeout); the new chunks."""
         refs = self.in_flight
         if not refs:
             return []
@@ -164,26 +194,31 @@ class GenerationStream:
     def migrate(self, keep: int = 1) -> list[DataProto]:
         """Move every unfinished sample onto the ``keep`` open replicas with the most of them;
         the others close (their ranks are free). Returns the chunks that finished meanwhile (the
-        slices the leaving replicas had in flight); ``moved`` counts the samples moved."""
-        open_ = sorted((r for r in self.replicas if r.open and r.refs), key=lambda r: -r.unfinished)
+        slices the leaving replicas had queued); ``moved`` counts the samples moved."""
+        open_ = sorted((r for r in self.replicas if r.open), key=lambda r: -r.unfinished)
         if len(open_) <= keep:
             return []
         keepers, leaving = open_[:keep], open_[keep:]
         new, partials = [], []
-        for replica in leaving:  # after the slice in flight (one actor runs its calls in order)
-            exports = [self._remote(r, "stream_export") for r in replica.ranks]
-            calls, replica.refs = replica.refs + exports, []
-            results = self.group._wait(calls, "stream_export")
-            at = replica.ranks.index(replica.collect)
-            step, exported = results[at], results[len(replica.ranks) + at]
-            new += self._keep(step["rows"])
-            replica.metrics = step.get("metrics", {})
-            partials += exported or []
-            replica.open, replica.unfinished = False, 0
+        for replica in leaving:  # after its queued slices (one actor runs its calls in order)
+            replica.open = False
+            self._queue(replica, "stream_export")
+            self._queue(replica, "stream_metrics")  # its session's, which no slice returns now
+            while replica.calls:
+                method, refs = replica.calls.popleft()
+                result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
+                if method == "stream_export":
+                    partials += result or []
+                elif method == "stream_metrics":
+                    replica.metrics = result or replica.metrics
+                else:
+                    new += self._handle(replica, method, result)
+            replica.unfinished, replica.closed_at = 0, time.perf_counter()
         for i, keeper in enumerate(keepers):
             share = partials[i::len(keepers)]
-            if share:  # queued behind the keeper's slice in flight; its next slice goes on with them
-                keeper.adopting += [self._remote(r, "stream_adopt", share) for r in keeper.ranks]
+            if share:  # queued behind the keeper's slices; the ones after it go on with them
+                self._queue(keeper, "stream_adopt", share)
+                self._top_up(keeper)
         self.moved += len(partials)
         return new
 
@@ -200,13 +235,21 @@ class GenerationStream:
         return out
 
     def metrics(self) -> dict[str, float]:
-        """The stream's timing, as the controller saw it: the share of the generation after the
-        median sample came back, and the samples moved."""
+        """The stream's timing, as the controller saw it: ``fusion/gen_tail_share``, the share of
+        the generation's wall time after the median sample came back (what
+        ``perf/gen_tail_share`` is per rank); ``fusion/tail_rank_share``, the share of the
+        rank-seconds held by generation that came after it (a rank is held until its replica's
+        generation ends: finished, or its tail moved away); the samples moved."""
         out = {"fusion/migrated_samples": float(self.moved)}
-        if self.finished_at:
-            last = max(self.finished_at)
-            span = last - self.started
-            out["fusion/gen_tail_share"] = (last - float(np.median(self.finished_at))) / span if span > 0 else 0.0
+        if not self.finished_at:
+            return out
+        last, median = max(self.finished_at), float(np.median(self.finished_at))
+        span = last - self.started
+        out["fusion/gen_tail_share"] = (last - median) / span if span > 0 else 0.0
+        held = [(len(r.ranks), (r.closed_at or last) - self.started) for r in self.replicas]
+        total = sum(ranks * s for ranks, s in held)
+        tail = sum(ranks * max(0.0, s - (median - self.started)) for ranks, s in held)
+        out["fusion/tail_rank_share"] = tail / total if total > 0 else 0.0
         return out
 
 

@@ -53,6 +53,21 @@ class Stage:
     venue: str
 
 
+def fused_rollout_for(trainer) -> "FusedRollout":
+    """The stages a chunk of finished samples goes through, for a ``PPOTrainer``'s groups: old
+    log-probs (unless on-policy or verl's bypass), the reference's, the critic's values. A reward
+    model scores after generation, as unfused; the reward function chunk by chunk."""
+    stages = []
+    if not (trainer.on_policy or trainer.bypass):
+        stages.append(("old_log_prob", trainer.actor, "compute_log_prob", "compute_log_prob_local"))
+    if trainer.use_ref:
+        stages.append(("ref", trainer.ref, "compute_ref_log_prob", "compute_ref_log_prob_local"))
+    if trainer.critic is not None:
+        stages.append(("values", trainer.critic, "compute_values", "compute_values_local"))
+    return FusedRollout(trainer.cfg, trainer.actor, stages, trainer.tokenizer,
+                        None if trainer.rm is not None else trainer.reward_manager)
+
+
 class FusedRollout:
     """Drives one step's generation, reward and inference as one fused stage."""
 
@@ -132,9 +147,11 @@ class FusedRollout:
                         "fusion/rows_inferred_during_gen": float(work.rows_during_gen)})
         if migrated_at is not None:
             metrics["fusion/migrated_at_s"] = migrated_at
-        for replica_metrics in (r.metrics for r in stream.replicas):
-            for key, value in replica_metrics.items():  # the ranks' own (perf/gen_tail_share): their mean
-                metrics[key] = metrics.get(key, 0.0) + value / len(stream.replicas)
+        reported: dict[str, list[float]] = {}
+        for replica in stream.replicas:  # the ranks' own (perf/gen_tail_share ...): their mean
+            for key, value in replica.metrics.items():
+                reported.setdefault(key, []).append(float(value))
+        metrics.update({key: float(np.mean(values)) for key, values in reported.items()})
         scoring = (merge_scorings(scored, len(out), self.reward_manager, full.non_tensor_batch.get("data_source"))
                    if scored else None)
         return out, scoring

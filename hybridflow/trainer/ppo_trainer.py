@@ -28,7 +28,7 @@ from hybridflow.trainer.checkpoint import worker_layout  # noqa: F401 (its home 
 from hybridflow.trainer.async_rollout import AheadLoader, generation_request, greedy_request, staleness_metrics
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
-from hybridflow.trainer.fused_rollout import FusedRollout
+from hybridflow.trainer.fused_rollout import fused_rollout_for
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
@@ -80,25 +80,12 @@ class PPOTrainer:
         self.reward_process = (RewardProcess(tokenizer, reward_manager) if reward_fn_runs_async(cfg)
                                else None)
         # stage_fusion.enable: generation streamed into reward and inference (trainer/fused_rollout.py)
-        self.fused = self._fused_rollout() if cfg.stage_fusion.enable and self.rollout_pool is None else None
+        self.fused = fused_rollout_for(self) if cfg.stage_fusion.enable and self.rollout_pool is None else None
         tp, pp = model_parallel(actor.strategy, actor.megatron)
         self.actor_dp = self.actor.world_size // (tp * pp)  # the chunks the update's dispatch deals out
         self.global_step = 0
         self.total_steps = self._total_steps()
         self.timeline = StageTimeline(groups, cfg.trainer.timeline)  # trainer/timeline.py
-
-    def _fused_rollout(self) -> FusedRollout:
-        """The stages a chunk of finished samples goes through while the rest generate."""
-        stages = []
-        if not (self.on_policy or self.bypass):
-            stages.append(("old_log_prob", self.actor, "compute_log_prob", "compute_log_prob_local"))
-        if self.use_ref:
-            stages.append(("ref", self.ref, "compute_ref_log_prob", "compute_ref_log_prob_local"))
-        if self.critic is not None:
-            stages.append(("values", self.critic, "compute_values", "compute_values_local"))
-        # a reward model scores after generation, as unfused; the reward function chunk by chunk
-        return FusedRollout(self.cfg, self.actor, stages, self.tokenizer,
-                            None if self.rm is not None else self.reward_manager)
 
     def _total_steps(self) -> int:
         t = self.cfg.trainer

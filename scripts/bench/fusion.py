@@ -39,10 +39,16 @@ FUSION_METRICS = ("fusion/gen_tail_share", "fusion/migrated_samples", "fusion/ro
 
 def ppo_keys(args) -> tuple[str, ...]:
     """PPO (GAE with a critic) and a reference (KL loss) at the workload's shape; two mini-batches,
-    so old log-probs are recomputed as PPO does past its first mini-batch."""
-    return ("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.prompts // 2)}",
-            f"critic.ppo_mini_batch_size={max(1, args.prompts // 2)}", f"critic.optim.lr={args.lr}")
+    so old log-probs are recomputed as PPO does past its first mini-batch. ``--greedy`` (the
+    default): greedy decoding, one sample per prompt, ``prompts x samples`` prompts (the same rows),
+    so both runs generate and train on the same tokens (sampled, the fused run draws other noise:
+    one vLLM request per sample, and long-tailed lengths make a few steps' medians differ)."""
+    prompts, samples = (args.prompts * args.samples, 1) if args.greedy else (args.prompts, args.samples)
+    sampling = ("actor_rollout_ref.rollout.do_sample=false",) if args.greedy else ()
+    return ("algorithm.adv_estimator=gae", "critic.enable=true", "actor_rollout_ref.actor.use_kl_loss=true",
+            f"data.train_batch_size={prompts}", f"actor_rollout_ref.rollout.n={samples}", *sampling,
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, prompts // 2)}",
+            f"critic.ppo_mini_batch_size={max(1, prompts // 2)}", f"critic.optim.lr={args.lr}")
 
 
 def fused_keys(args) -> tuple[str, ...]:
@@ -71,6 +77,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p, steps=6)
     p.add_argument("--parts", default="stages,update", help="comma list of: stages, update")
+    p.add_argument("--sampled", dest="greedy", action="store_false",
+                   help="sample (temperature 1, --samples per prompt) instead of greedy at equal work")
     p.add_argument("--migrate-below", type=float, default=0.25, help="stage_fusion.migrate_below of the fused run")
     p.add_argument("--update-args", default="", help="arguments for fusion_update.py's measure (one string)")
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-fusion"))
@@ -84,7 +92,7 @@ def main(argv=None) -> int:
     parts = args.parts.split(",")
     report = {"setting": {"prompts": args.prompts, "samples": args.samples, "max_response_length": args.response_length,
                           "steps": args.steps, "warmup_steps_excluded": args.warmup, "workers": args.workers,
-                          "migrate_below": args.migrate_below, "overrides": args.overrides,
+                          "migrate_below": args.migrate_below, "greedy": args.greedy, "overrides": args.overrides,
                           "cpus": os.cpu_count(), "load_avg_1m_at_start": load}}
     failed = False
     if "stages" in parts:

@@ -49,7 +49,8 @@ def check_fusable(actor, critic) -> None:
                          "no pipeline bubble to fill: call update_critic and update_actor")
     if actor.reversed or not critic.reversed:
         raise ValueError("the fused actor-critic update needs the critic's pipeline reversed against the actor's: "
-                         "set critic.megatron reverse_pipeline=true and leave the actor's false")
+                         "the recipe builds it so with stage_fusion.fuse_actor_critic_update=true "
+                         "(EngineConfig reverse_pipeline=true on the critic's engine only)")
     if actor.dp_rank != critic.dp_rank:
         raise ValueError("actor and critic disagree on this rank's data-parallel rank; they must share one layout")
 

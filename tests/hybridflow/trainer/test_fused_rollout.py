@@ -3,7 +3,9 @@ real recipe on a tiny fp32 model, two colocated slots: PPO with a critic, a refe
 log-probs (two mini-batches), greedy, with every sample moved off one rollout rank after its
 first engine step (``migrate_below=1``, one-step slices), so the moved tail, the freed rank's
 inference and the streamed reward all run. The fused step must be the unfused one: the same
-tokens and scores (the rollout dump), the same losses, values and KL, the same final weights.
+tokens and scores (the rollout dump), the same losses, values and KL, the same final weights; and
+so must it with the reference and the critic on a pool of their own (placement=separate), where
+each chunk goes to that pool as it arrives.
 """
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ from tests.hybridflow.trainer.recipe_runs import make_assets, read_steps, run_re
 
 pytestmark = pytest.mark.slow
 
-PPO_GREEDY = ("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
+PPO_GREEDY = ("algorithm.adv_estimator=gae", "critic.enable=true", "actor_rollout_ref.actor.use_kl_loss=true",
               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=1",
               "actor_rollout_ref.rollout.do_sample=false", "data.max_response_length=12",
               "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1")
 FUSED = ("stage_fusion.enable=true", "stage_fusion.migrate_below=1.0", "stage_fusion.slice_s=0.0001",
          "stage_fusion.min_chunk=1")
+SEPARATE = ("trainer.placement=separate", "trainer.separate_pool_gpus_per_node=1", "trainer.cpus_per_worker=0.5")
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/ppo_kl",
             "critic/vf_loss", "critic/values/mean", "critic/advantages/mean", "response_length/mean")
 
@@ -34,16 +37,19 @@ def _dump(folder) -> list[str]:
     return sorted(line for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines())
 
 
-def test_greedy_fused_step_equals_the_unfused_step(tmp_path):
+@pytest.mark.parametrize("placement", ["colocate", "separate"])
+def test_greedy_fused_step_equals_the_unfused_step(tmp_path, placement):
     assets = make_assets(tmp_path, train_size=16)
+    layout = SEPARATE if placement == "separate" else ()
     runs = {}
     for name, extra in (("unfused", ()), ("fused", FUSED)):
         out = tmp_path / name
-        run_recipe(assets, out, *PPO_GREEDY, f"trainer.rollout_data_dir={out / 'rollouts'}", *extra)
+        run_recipe(assets, out, *PPO_GREEDY, *layout, f"trainer.rollout_data_dir={out / 'rollouts'}", *extra)
         runs[name] = out
     ref, got = read_steps(runs["unfused"]), read_steps(runs["fused"])
-    assert any(got[s].get("fusion/migrated_samples", 0) > 0 for s in (1, 2))  # the tail did move
     assert "fusion/migrated_samples" not in ref[1]
+    assert any(got[s].get("fusion/migrated_samples", 0) > 0 for s in (1, 2))  # the tail did move
+    assert any(got[s].get("fusion/rows_inferred_during_gen", 0) > 0 for s in (1, 2))  # on the freed rank
     for step in (1, 2):
         for key in COMPARED:
             if key in ref[step]:
