@@ -15,7 +15,7 @@ what it left is timed under its own name); then ``ratio_gen_and_inference`` (goa
 Part ``update`` (intra-stage fusion): the actor's and the critic's Megatron pipeline-2 updates on
 2 slots, fused against one after the other (``fusion_update.py``; goal <= 0.85, weights equal).
 
-    .venv/bin/python scripts/bench/fusion.py                  # both parts, ~10 min with assets cached
+    .venv/bin/python scripts/bench/fusion.py                  # both parts, 8 min with assets cached
     .venv/bin/python scripts/bench/fusion.py --parts stages -- actor_rollout_ref.model.use_remove_padding=true
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from e2e import REPO  # noqa: E402
 from longtail import add_workload_args, assets, checked_args, run_ours  # noqa: E402
 
 INFERENCE = ("gen", "reward", "old_log_prob", "ref", "values")
-FUSION_METRICS = ("fusion/gen_tail_share", "fusion/migrated_samples", "fusion/rows_inferred_during_gen",
+FUSION_METRICS = ("fusion/gen_tail_share", "fusion/tail_rank_share", "fusion/migrated_samples", "fusion/rows_inferred_during_gen",
                   "fusion/gen_s", "fusion/inference_after_gen_s", "fusion/migrated_at_s", "perf/gen_tail_share")
 
 
@@ -75,7 +75,7 @@ def run_stages(args, paths: dict) -> dict:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_workload_args(p, steps=6)
+    add_workload_args(p, steps=5)
     p.add_argument("--parts", default="stages,update", help="comma list of: stages, update")
     p.add_argument("--sampled", dest="greedy", action="store_false",
                    help="sample (temperature 1, --samples per prompt) instead of greedy at equal work")
