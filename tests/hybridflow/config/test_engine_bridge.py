@@ -161,3 +161,18 @@ def test_override_config_and_external_lib_reach_every_model(critic_model, critic
     assert settings.rollout.hf_overrides == {"rms_norm_eps": 0.3} and settings.external_lib == "actor_lib"
     critic = build.role_specs(cfg, d)[1]["critic"].args[0]
     assert (critic.engine.override_config, critic.external_lib) == (critic_override, critic_lib)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_fused_update_reverses_the_critics_pipeline_only(fused):
+    """stage_fusion.fuse_actor_critic_update builds the critic's engine with its stages reversed
+    (workers/engines/megatron_fused.py); the actor's keeps the plain layout the resharding reads."""
+    megatron = {"strategy": "megatron", "megatron": {"pipeline_model_parallel_size": 2}}
+    cfg = load_config({"algorithm": {"adv_estimator": "gae"}, "actor_rollout_ref": {"actor": megatron},
+                       "critic": megatron, "stage_fusion": {"fuse_actor_critic_update": fused},
+                       "trainer": {"n_gpus_per_node": 2}})
+    validate(cfg, check_paths=False)
+    d = derive(cfg, dataset_len=16)
+    critic = engine_config.EngineConfig(**critic_engine_kwargs(cfg, d)).validate()
+    actor = engine_config.EngineConfig(**actor_engine_kwargs(cfg, d)).validate()
+    assert (critic.pp, critic.reverse_pipeline, actor.reverse_pipeline) == (2, fused, False)

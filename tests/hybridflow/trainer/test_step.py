@@ -52,6 +52,10 @@ class Actor(FakeActor, Group):
         self.log.append("update_actor")
         return {"actor/pg_loss": 0.0}
 
+    def update_actor_and_critic(self, batch, logged=True):
+        self.log.append("update_actor_and_critic")
+        return {"actor/pg_loss": 0.0, "critic/vf_loss": 0.0}
+
 
 class Critic(Group):
     def compute_values(self, batch, logged=True):
@@ -126,3 +130,16 @@ def test_a_critic_on_a_pool_of_its_own_works_while_the_actor_does(tmp_path, over
     else:
         assert log == ["compute_log_prob", "compute_values", "update_critic", "update_actor"]
     assert {"timing_s/values", "timing_s/update_critic", "timing_s/update_actor"} <= set(metrics)
+
+
+def test_the_fused_update_replaces_both_updates_once_the_actor_trains(tmp_path):
+    """stage_fusion.fuse_actor_critic_update: one call on the actor's group does both updates
+    (workers/fused_update.py); the critic-only warm-up steps stay plain critic updates."""
+    trainer, log = _trainer(tmp_path, [1, 2], "stage_fusion.fuse_actor_critic_update=true", "trainer.critic_warmup=2")
+    metrics = _step(trainer)
+    assert log[-1] == "update_critic" and "update_actor_and_critic" not in log
+    log.clear()
+    metrics = _step(trainer)
+    assert log == ["compute_log_prob", "compute_values", "update_actor_and_critic"]
+    assert "timing_s/update_actor_critic" in metrics and "timing_s/update_actor" not in metrics
+    assert {"actor/pg_loss", "critic/vf_loss"} <= set(metrics)
