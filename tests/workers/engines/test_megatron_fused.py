@@ -91,14 +91,10 @@ def _workers(rank, ckpt):
     """update_actor + update_critic vs update_actor_and_critic (actor: 2 mini-batches, critic: 1)."""
     from workers.actor_rollout_ref import ActorRolloutRefSettings, ActorRolloutRefWorker
     from workers.critic import CriticSettings, CriticWorker
-    from workers.fused_update import FusedActorCriticUpdate
 
-    class FusedWorker(FusedActorCriticUpdate, ActorRolloutRefWorker):
-        pass
-
-    def pair(fused: bool, reverse: bool = True):
-        actor = FusedWorker(ActorRolloutRefSettings(model_path=ckpt, roles=("actor",), actor=_cfg(),
-                                                    ppo_mini_batch_size=4, temperature=TEMP))
+    def pair(fused: bool, reverse: bool = True):  # the hybrid worker has the fused update's mixin
+        actor = ActorRolloutRefWorker(ActorRolloutRefSettings(model_path=ckpt, roles=("actor",), actor=_cfg(),
+                                                              ppo_mini_batch_size=4, temperature=TEMP))
         critic = CriticWorker(CriticSettings(model_path=ckpt, engine=_cfg(reverse_pipeline=fused and reverse),
                                              ppo_mini_batch_size=8))
         actor.init_model()
