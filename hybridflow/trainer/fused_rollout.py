@@ -104,14 +104,13 @@ class FusedRollout:
         local = [s for s in self.stages if s.venue == "local"]
         work = _LocalWork(self.actor, local, self.sf.min_chunk)
         pool_parts = {s.name: [] for s in self.stages if s.venue == "pool"}
-        scored, rows_done, migrated_at = [], [], None
+        scored, migrated, migrated_at = [], False, None
 
         def arrived(chunks: list[DataProto]) -> None:
             for chunk in chunks:
                 index = chunk.batch[ROW_INDEX]
                 rows = full[index]
                 rows.union(chunk)
-                rows_done.append(rows)
                 if self.reward_manager is not None:  # the reward function, on this process, now
                     scored.append((index, score_batch(self.tokenizer, self.reward_manager, rows)))
                 for stage in self.stages:
@@ -128,10 +127,11 @@ class FusedRollout:
                                    f"within {self.actor.timeout_s:g}s")
             arrived(stream.take(ready))
             work.take(ready)
-            if (migrated_at is None and self.sf.migrate_below > 0 and stream.unfinished
+            if (not migrated and self.sf.migrate_below > 0 and stream.unfinished
                     and stream.unfinished <= self.sf.migrate_below * stream.total):
-                migrated_at = time.perf_counter() - start
+                migrated = True  # once: a replica that closed never reopens, so nothing more could move
                 arrived(stream.migrate(keep=self.sf.migrate_to))
+                migrated_at = time.perf_counter() - start if stream.moved else None
             work.feed(stream.free_ranks(), generating=True)
         gen_done = time.perf_counter() - start
         work.finish(self.actor.world_size)
