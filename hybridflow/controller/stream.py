@@ -227,12 +227,7 @@ class GenerationStream:
         """Every finished row in ``row_index`` order (call once the stream is done)."""
         if not self.done:
             raise RuntimeError("GenerationStream.batch(): samples are still generating; iterate the stream first")
-        out = DataProto.concat(self.chunks)
-        order = torch.argsort(out.batch[ROW_INDEX])
-        out = out.reorder(order)
-        if len(out) != self.total:
-            raise RuntimeError(f"GenerationStream: {len(out)} rows came back for {self.total} samples")
-        return out
+        return in_row_order([(c.batch[ROW_INDEX], c) for c in self.chunks], self.total, "GenerationStream")
 
     def metrics(self) -> dict[str, float]:
         """The stream's timing, as the controller saw it: ``fusion/gen_tail_share``, the share of
@@ -251,6 +246,16 @@ class GenerationStream:
         tail = sum(ranks * max(0.0, s - (median - self.started)) for ranks, s in held)
         out["fusion/tail_rank_share"] = tail / total if total > 0 else 0.0
         return out
+
+
+def in_row_order(parts: list[tuple[torch.Tensor, DataProto]], total: int, what: str) -> DataProto:
+    """Chunks (row indices, rows) that came back in any order, as one batch in row order; every
+    row of ``total`` exactly once, else a RuntimeError naming ``what``."""
+    index = torch.cat([i for i, _ in parts])
+    out = DataProto.concat([p for _, p in parts])
+    if len(out) != total or len(torch.unique(index)) != total:
+        raise RuntimeError(f"{what}: {len(out)} rows came back for {total} samples")
+    return out.reorder(torch.argsort(index))
 
 
 def _is_ready(ref) -> bool:

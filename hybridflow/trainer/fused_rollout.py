@@ -32,7 +32,7 @@ import numpy as np
 import ray
 import torch
 
-from hybridflow.controller.stream import ROW_INDEX, GenerationStream
+from hybridflow.controller.stream import ROW_INDEX, GenerationStream, in_row_order
 from hybridflow.data.loader import TENSOR_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.reward_process import score_batch
@@ -139,7 +139,7 @@ class FusedRollout:
         out.pop([ROW_INDEX])
         columns = [work.result(len(out))] if local else []
         for name, parts in pool_parts.items():
-            columns.append(_in_row_order([(index, future.get()) for index, future in parts], len(out)))
+            columns.append(in_row_order([(index, future.get()) for index, future in parts], len(out), f"fused rollout ({name})"))
         for part in columns:
             out.union(part)
         metrics.update(stream.metrics())
@@ -233,15 +233,7 @@ class _LocalWork:
             for other in outs[1:]:
                 merged.union(other)
             parts.append((index, merged))
-        return _in_row_order(parts, total)
-
-
-def _in_row_order(parts: list[tuple[torch.Tensor, DataProto]], total: int) -> DataProto:
-    index = torch.cat([i for i, _ in parts])
-    out = DataProto.concat([p for _, p in parts])
-    if len(out) != total or len(torch.unique(index)) != total:
-        raise RuntimeError(f"fused rollout: {len(out)} inference rows for {total} samples")
-    return out.reorder(torch.argsort(index))
+        return in_row_order(parts, total, "fused rollout (local inference)")
 
 
 def merge_scorings(scored: list[tuple[torch.Tensor, tuple]], total: int, reward_manager, sources=None) -> tuple:
