@@ -11,6 +11,8 @@ from typing import Any
 
 from hybridflow.config.common import (PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys,
                                       MegatronConfig, OptimConfig)
+from hybridflow.config.reallocation import ReallocationConfig
+from hybridflow.config.speculative import SpeculativeConfig
 from hybridflow.config.keys import (GREATER_THAN_0, NON_NEGATIVE, OPEN_UNIT, OPTIONAL_GT_0, OPTIONAL_POSITIVE,
                                     POSITIVE, TOP_K, Range, Registry, key)
 
@@ -135,6 +137,10 @@ class RolloutConfig:  # not workers.rollout.base.RolloutConfig, built by recipes
                                    "sync fills it")
     engine_kwargs: RolloutEngineKwargs = key(RolloutEngineKwargs(), "verl's rollout.engine_kwargs")
     val_kwargs: ValKwargsConfig = key(ValKwargsConfig(), "sampling for validation")
+    speculative: SpeculativeConfig = key(SpeculativeConfig(), "speculative decoding (RLHFSpec): drafts verified by "
+                                                             "the policy itself; outputs keep its distribution")
+    reallocation: ReallocationConfig = key(ReallocationConfig(), "RLHFSpec's sample reallocation between "
+                                                                 "generation ranks")
 
 
 @dataclass
