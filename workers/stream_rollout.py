@@ -75,22 +75,27 @@ class StreamingRollout:
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_export(self) -> list | None:
-        """Abort every unfinished sample of this rank's session and close it. Returns the
-        ``Partial``s sorted by row_index (workers/rollout/vllm_stream.py) on the TP group's collect
-        rank, None elsewhere; [] when no session is open."""
+    def stream_export(self, count: int | None = None) -> list | None:
+        """Abort ``count`` unfinished samples of this rank's session (None: all of them, and the
+        session closes; else the session stays open even if none is left: the next
+        ``stream_step`` returns what adopt finished at once and closes it, as for any session).
+        Returns the ``Partial``s sorted by row_index (workers/rollout/vllm_stream.py says which
+        ones a count takes) on the TP group's collect rank, None elsewhere; [] when no session is
+        open (it may have finished while the call was queued)."""
         spans.relabel(self._stream_stage)
         if self._stream is None:
             return [] if self.rollout.is_collect else None
         with self._stream_timed():
-            partials = self._stream_call(self._stream.export)
-        self._close_stream()
+            partials = self._stream_call(self._stream.export, None if count is None else int(count))
+        if count is None:
+            self._close_stream()
         return partials if self.rollout.is_collect else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stream_adopt(self, partials: list) -> int:
         """Go on with samples another rank exported, in this rank's session (opened, with no prompts
-        of its own, when none is). Every rank of the TP group takes the same list. Returns how many."""
+        of its own, when none is: also after this rank's own session ended). Every rank of the TP
+        group takes the same list. Returns how many."""
         spans.relabel(self._stream_stage)
         with self._stream_timed():
             if self._stream is None:

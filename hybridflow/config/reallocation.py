@@ -1,19 +1,28 @@
-"""``actor_rollout_ref.rollout.reallocation``: RLHFSpec's sample reallocation: the generation data-parallel ranks' remaining work is compared between engine-step
-slices, and when it differs by more than ``threshold`` unfinished samples move from the busiest
-rank to the idlest (prompt + tokens so far; the receiver recomputes their KV cache), so every rank
-finishes at about the same time (hybridflow/controller/stream.py, ``GenerationStream``).
+"""``actor_rollout_ref.rollout.reallocation``: RLHFSpec's sample reallocation.
+Generation is streamed (hybridflow/controller/stream.py, ``GenerationStream``): every
+``slice_s`` of engine steps each generation data-parallel rank reports its unfinished samples, and
+when the busiest rank's exceed the idlest's by more than ``threshold`` of the busiest's, about half
+the difference moves from the busiest to the idlest (prompt + tokens so far; the receiver
+recomputes their KV cache), so the ranks finish together rather than waiting for the one that was
+dealt the long samples. Greedy tokens are those of plain generation; sampled ones draw other noise
+(one vLLM request per sample: workers/rollout/vllm_stream.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.config.keys import GREATER_THAN_0, OPEN_UNIT, key
+from hybridflow.config.keys import GREATER_THAN_0, Range, key
+
+# 0 would move on any difference (every slice), 1 never: the gap never exceeds the busiest's work
+FRACTION = Range(lambda v: 0 < v < 1, "in (0, 1)")
 
 
 @dataclass
 class ReallocationConfig:
     enable: bool = key(False, "stream generation and move unfinished samples from the busiest generation rank to "
-                              "the idlest while it runs (rollout.name=vllm, hybrid_engine=true)")
-    threshold: float = key(0.5, "move when (busiest - idlest) remaining work exceeds this fraction of the "
-                                "busiest's", OPEN_UNIT)
-    slice_s: float = key(0.05, "seconds of engine steps a rank runs between checks", GREATER_THAN_0)
+                              "the idlest while it runs (rollout.name=vllm, hybrid_engine=true, "
+                              "stage_fusion.enable=false)")
+    threshold: float = key(0.5, "move when the busiest rank's unfinished samples exceed the idlest's by more than "
+                                "this fraction of the busiest's; about half the difference moves", FRACTION)
+    slice_s: float = key(0.05, "seconds of engine steps a rank runs between reports (and reallocation checks)",
+                         GREATER_THAN_0)

@@ -268,3 +268,22 @@ def stage_fusion_errors(cfg, roles) -> list[str]:
             errors.append("stage_fusion.fuse_actor_critic_update=true runs both updates in one process per slot: "
                           f"set trainer.placement=colocate (it is {cfg.trainer.placement})")
     return errors
+
+
+def reallocation_errors(cfg) -> list[str]:
+    """``actor_rollout_ref.rollout.reallocation``: what sample reallocation can run on
+    (hybridflow/config/reallocation.py)."""
+    arr = cfg.actor_rollout_ref
+    key, errors = f"{ARR}.rollout.reallocation.enable=true", []
+    if not arr.rollout.reallocation.enable:
+        return errors
+    if arr.rollout.name != "vllm":
+        errors.append(f"{key} moves unfinished samples between vLLM engines: set {ARR}.rollout.name=vllm, or "
+                      "the key to false")
+    if not arr.hybrid_engine:
+        errors.append(f"{key} rebalances the actor's own generation ranks, and {ARR}.hybrid_engine=false generates "
+                      "whole batches ahead on the rollout's own pool: use one of the two")
+    if cfg.stage_fusion.enable:
+        errors.append(f"{key} and stage_fusion.enable=true: the fused rollout moves its tail by "
+                      "stage_fusion.migrate_below and does not reallocate: set one of the two to false")
+    return errors

@@ -20,6 +20,7 @@ from hybridflow.config.root import RootConfig
 from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_correction_errors,
     bypass_errors, rollout_correction_on, rollout_errors, rollout_pool_errors, stage_fusion_errors,
+    reallocation_errors,
 )
 from hybridflow.host_checks import data_file_errors, device_errors, output_folder_errors, path_error
 from hybridflow.model_checks import ModelRoles, model_config_errors, model_file_errors, model_folders, read_model_config
@@ -44,7 +45,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     parallel = parallel_errors(cfg)
     errors = (algorithm_errors(cfg) + rollout_correction_errors(cfg) + rollout_errors(cfg) + rollout_pool_errors(cfg)
               + bypass_errors(cfg)
-              + stage_fusion_errors(cfg, model_roles(cfg))
+              + stage_fusion_errors(cfg, model_roles(cfg)) + reallocation_errors(cfg)
               + overlong_buffer_errors(cfg)
               + unsupported_errors(cfg)
               + lora_errors(cfg) + checkpoint_errors(cfg) + parallel)

@@ -17,6 +17,13 @@ are free for other work (RLHFuse's long-tail migration, arXiv 2409.13221 section
 trainer's fused rollout (hybridflow/trainer/fused_rollout.py) drives one, and waits on the
 stream's calls and its own in one ``ray.wait`` through ``in_flight`` / ``take``.
 
+``rebalance=threshold`` turns on sample reallocation (RLHFSpec's): after
+each handled slice the stream compares the replicas' remaining work and, when the busiest's
+exceeds the idlest's by more than ``threshold`` of the busiest's, moves about half the difference
+from the busiest to the idlest (a replica whose generation ended included: its engine opens a new
+session), so the ranks finish together instead of waiting for the one that was dealt the long
+samples. ``Replica.work`` says how work is measured and what differs from RLHFSpec.
+
 What differs from a plain group call: prompts are split over the generation data-parallel ranks
 without padding (rows are identified by index, so unequal shares need no filler), and each rank
 is called alone. The ranks of one generation TP group get the same calls (they step one engine
@@ -34,6 +41,10 @@ import torch
 from hybridflow.protocol import DataProto
 
 ROW_INDEX = "row_index"
+REALLOCATED = "rollout/reallocated_samples"  # samples moved by reallocation
+REALLOCATIONS = "rollout/reallocations"  # moves made
+# a session's counts (workers/rollout/vllm_stream.py), summed over a replica's sessions
+SUMMED = ("rollout/stream_exported", "rollout/stream_adopted")
 # the fewest and most engine steps a slice may ask for; the count aims at ``slice_s`` of stepping
 MIN_STEPS, MAX_STEPS = 1, 256
 # slices queued per rank: the next one runs while the controller handles the last one's rows, so a
@@ -53,6 +64,21 @@ class Replica:
         self.step_s = None  # the last slice's seconds per engine step
         self.closed_at: float | None = None  # the controller's clock when its generation ended
         self.metrics: dict = {}
+        self.retired = False  # migrate() freed its ranks: reallocation moves nothing onto it
+        self.export_to: deque[Replica] = deque()  # where each reallocation export queued here goes
+        self.settled = True  # a slice's count came back since the last reallocation touched it
+
+    @property
+    def work(self) -> int:
+        """Remaining work: the unfinished samples as of the last handled call. Why a count: a
+        decode step's cost grows with the sequences it runs (and no sample's remaining length is
+        known before it ends), so a replica holding more unfinished samples has slower steps, and
+        the samples that are left are those still running. What differs from RLHFSpec, which
+        moves running requests between generation instances by their load: the load here is only
+        this count (no per-request cost or length estimate), it is read between slices (a slice
+        late), and a moved sample's KV cache is not sent but recomputed by the receiver (prompt +
+        prefix in one prefill, which is why the sender picks the shortest prefixes)."""
+        return self.unfinished if self.open else 0
 
     def queued(self, method: str) -> int:
         return sum(m == method for m, _ in self.calls)
@@ -70,9 +96,11 @@ class Replica:
 class GenerationStream:
     """``prompts``' generation on ``group``'s rollout ranks, as chunks of finished samples."""
 
-    def __init__(self, group, prompts: DataProto, n: int | None = None, slice_s: float = 0.05):
+    def __init__(self, group, prompts: DataProto, n: int | None = None, slice_s: float = 0.05,
+                 rebalance: float | None = None):
         """``n`` samples per prompt: the argument, else ``prompts.meta_info["n"]`` (one of them is
-        needed: the row indices depend on it, and the workers' default is their config's)."""
+        needed: the row indices depend on it, and the workers' default is their config's).
+        ``rebalance``: sample reallocation's threshold in (0, 1) (module docstring), None: off."""
         if n is None and "n" not in prompts.meta_info:
             raise ValueError("GenerationStream: say how many samples per prompt, as n=... or meta_info['n']")
         n = int(prompts.meta_info["n"] if n is None else n)
@@ -88,6 +116,11 @@ class GenerationStream:
         self.started = time.perf_counter()
         self.finished_at: list[float] = []  # the controller's clock when each sample came back
         self.moved = 0
+        if rebalance is not None and not 0 < rebalance < 1:  # 1 and above: the gap never exceeds it
+            raise ValueError(f"GenerationStream: rebalance={rebalance} must be a fraction in (0, 1), or None")
+        self.rebalance = rebalance
+        self.reallocated = self.reallocations = 0  # samples moved by reallocation, and the moves
+        self._moving = False  # a reallocation's export or adopt is queued and not handled yet
         prompts = prompts[0:len(prompts)]  # a view: the caller's batch gets no new column
         prompts.meta_info["n"] = n
         prompts.batch[ROW_INDEX] = torch.arange(len(prompts), dtype=torch.long) * n
@@ -150,19 +183,26 @@ class GenerationStream:
                 result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
                 new += self._handle(replica, method, result)
             self._top_up(replica)
+        if self.rebalance is not None:
+            self._reallocate()
         return new
 
     def _handle(self, replica: Replica, method: str, result) -> list[DataProto]:
         if method == "stream_adopt":  # not counted by the slices queued before it
             replica.unfinished += int(result)
+            self._moving = False  # a reallocation's last call (migrate adopts only on open replicas)
+            return []
+        if method == "stream_export":  # a reallocation's (migrate waits for its own)
+            self._exported(replica, result or [])
             return []
         if method != "stream_step":
             return []
+        replica.settled = replica.settled or not self._moving
         if result["steps"]:
             replica.step_s = result["seconds"] / result["steps"]
             replica.unfinished = int(result["unfinished"])
         if result["done"] and result.get("metrics"):
-            replica.metrics = result["metrics"]
+            replica.metrics = _merged_sessions(replica.metrics, result["metrics"])
         # done with an adopt queued behind: the adopt opens a new session on that engine
         if result["done"] and replica.open and not replica.queued("stream_adopt"):
             replica.open, replica.closed_at, replica.unfinished = False, time.perf_counter(), 0
@@ -201,14 +241,17 @@ class GenerationStream:
         keepers, leaving = open_[:keep], open_[keep:]
         new, partials = [], []
         for replica in leaving:  # after its queued slices (one actor runs its calls in order)
-            replica.open = False
+            replica.open, replica.retired = False, True
             self._queue(replica, "stream_export")
             self._queue(replica, "stream_metrics")  # its session's, which no slice returns now
             while replica.calls:
                 method, refs = replica.calls.popleft()
                 result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
-                if method == "stream_export":
+                if method == "stream_export":  # its own, or a reallocation's: the keepers take both
                     partials += result or []
+                    if replica.export_to:  # a reallocation's (queued before migrate's own), superseded
+                        replica.export_to.popleft()
+                        self._moving = False
                 elif method == "stream_metrics":
                     replica.metrics = result or replica.metrics
                 else:
@@ -221,6 +264,46 @@ class GenerationStream:
                 self._top_up(keeper)
         self.moved += len(partials)
         return new
+
+    # ------------------------------------------------------------------ sample reallocation
+    def _reallocate(self) -> None:
+        """Move about half the work difference from the busiest replica to the idlest when it
+        exceeds ``rebalance`` of the busiest's. Hysteresis: a move is decided on fresh counts only
+        (none in flight, and both replicas have reported a slice since the last move touched them)
+        and evens the two out, so the next one needs the difference to grow past the threshold
+        again; a count that lags (slices already queued on the busiest still run before its
+        export) makes at most that move's size differ, never the direction."""
+        if self._moving:
+            return
+        candidates = [r for r in self.replicas if not r.retired and (r.settled or not r.open)]
+        busiest = max(candidates, key=lambda r: r.work, default=None)
+        idlest = min(candidates, key=lambda r: r.work, default=None)
+        if busiest is None or busiest is idlest or not busiest.open:
+            return
+        gap = busiest.work - idlest.work
+        count = gap // 2
+        if count < 1 or gap <= self.rebalance * busiest.work:
+            return
+        self._moving, busiest.settled, idlest.settled = True, False, False
+        busiest.export_to.append(idlest)
+        # behind the busiest's queued slices (Ray runs one actor's calls in order); the adopt is
+        # queued when the export's partials come back (_exported)
+        self._queue(busiest, "stream_export", count)
+
+    def _exported(self, source: Replica, partials: list) -> None:
+        target = source.export_to.popleft()
+        source.unfinished = max(0, source.unfinished - len(partials))
+        if not partials:  # the source finished them meanwhile
+            self._moving = False
+            return
+        if target.retired:  # migrate freed the target meanwhile: the samples go back
+            target = source
+        if not target.open:  # its generation ended: the adopt opens a new session on its engine
+            target.open, target.closed_at, target.unfinished = True, None, 0
+        self._queue(target, "stream_adopt", partials)
+        self._top_up(target)
+        self.reallocated += len(partials)
+        self.reallocations += 1
 
     # ------------------------------------------------------------------ the result
     def batch(self) -> DataProto:
@@ -236,6 +319,8 @@ class GenerationStream:
         rank-seconds held by generation that came after it (a rank is held until its replica's
         generation ends: finished, or its tail moved away); the samples moved."""
         out = {"fusion/migrated_samples": float(self.moved)}
+        if self.rebalance is not None:
+            out.update({REALLOCATED: float(self.reallocated), REALLOCATIONS: float(self.reallocations)})
         if not self.finished_at:
             return out
         last, median = max(self.finished_at), float(np.median(self.finished_at))
@@ -246,6 +331,26 @@ class GenerationStream:
         tail = sum(ranks * max(0.0, s - (median - self.started)) for ranks, s in held)
         out["fusion/tail_rank_share"] = tail / total if total > 0 else 0.0
         return out
+
+
+def replica_metrics(stream: GenerationStream) -> dict[str, float]:
+    """The ranks' own session metrics (``perf/gen_tail_share``, ``timing_s/gen_worker``, weight
+    sync ...): the mean over replicas, as generate_sequences' per-rank metrics are combined."""
+    reported: dict[str, list[float]] = {}
+    for replica in stream.replicas:
+        for key, value in replica.metrics.items():
+            reported.setdefault(key, []).append(float(value))
+    return {key: float(np.mean(values)) for key, values in reported.items()}
+
+
+def _merged_sessions(before: dict, after: dict) -> dict:
+    """A replica's metrics over its sessions (reallocation reopens a finished one): the last
+    session's, with the counts and seconds of every session added up."""
+    out = {**before, **after}
+    for key in set(before) & set(after):
+        if key.startswith("timing_s/") or key in SUMMED:
+            out[key] = before[key] + after[key]
+    return out
 
 
 def in_row_order(parts: list[tuple[torch.Tensor, DataProto]], total: int, what: str) -> DataProto:

@@ -32,7 +32,7 @@ import numpy as np
 import ray
 import torch
 
-from hybridflow.controller.stream import ROW_INDEX, GenerationStream, in_row_order
+from hybridflow.controller.stream import ROW_INDEX, GenerationStream, in_row_order, replica_metrics
 from hybridflow.data.loader import TENSOR_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.reward_process import score_batch
@@ -147,11 +147,7 @@ class FusedRollout:
                         "fusion/rows_inferred_during_gen": float(work.rows_during_gen)})
         if migrated_at is not None:
             metrics["fusion/migrated_at_s"] = migrated_at
-        reported: dict[str, list[float]] = {}
-        for replica in stream.replicas:  # the ranks' own (perf/gen_tail_share ...): their mean
-            for key, value in replica.metrics.items():
-                reported.setdefault(key, []).append(float(value))
-        metrics.update({key: float(np.mean(values)) for key, values in reported.items()})
+        metrics.update(replica_metrics(stream))  # the ranks' own (perf/gen_tail_share ...): their mean
         scoring = (merge_scorings(scored, len(out), self.reward_manager, full.non_tensor_batch.get("data_source"))
                    if scored else None)
         return out, scoring

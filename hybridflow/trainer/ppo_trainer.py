@@ -29,6 +29,7 @@ from hybridflow.trainer.async_rollout import AheadLoader, generation_request, gr
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.trainer.fused_rollout import fused_rollout_for
+from hybridflow.trainer.reallocated_rollout import generate
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
@@ -232,8 +233,8 @@ class PPOTrainer:
         with timer("gen", metrics):
             if self.fused is not None:  # with reward and inference on chunks as they finish
                 gen_out, scoring = self.fused.run(gen_in, batch, n, metrics)
-            elif self.rollout_pool is None:
-                gen_out = self.actor.generate_sequences(gen_in)
+            elif self.rollout_pool is None:  # rollout.reallocation.enable: streamed, samples moved between ranks
+                gen_out = generate(self.actor, gen_in, n, self.cfg.actor_rollout_ref.rollout.reallocation)
                 metrics.update(gen_out.meta_info.pop("metrics", {}))
             else:  # generated ahead on the rollout's pool, greedy baseline included
                 gen_out, greedy = self.batches.generations(metrics)

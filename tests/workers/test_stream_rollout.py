@@ -3,12 +3,13 @@ rank as the controller calls each Ray actor (no Ray here: the methods are called
 
 The rollout pool's worker (vLLM, TP=1: two generation-DP ranks): each rank streams its half of
 the prompts greedily; after two slices rank 0 exports its unfinished samples and rank 1 adopts
-them. The rows of both ranks, by row_index, equal both ranks' generate_sequences, and each row
+them, rank 1 after its own session ended (the adopt opens a new one). The rows of both ranks, by row_index, equal both ranks' generate_sequences, and each row
 carries the weight version; load_weights is refused while a session is open. The hybrid worker
 (FSDP actor + vLLM loaded with dummy weights): the stream syncs the actor's weights on entering
 generation (once, the timeline shows weight_sync apart) and its rows equal generate_sequences'
 after it; the stream's calls record as stage ``gen``. A TP=2 engine (both ranks step it in
-lockstep) moves its tail into a new session of its own and still returns generate_sequences' rows.
+lockstep) exports one sample and takes it back into its open session (a partial export: both ranks
+must pick the same one), then moves its tail into a new session of its own and still returns generate_sequences' rows.
 """
 from __future__ import annotations
 
@@ -68,6 +69,9 @@ def _stream_worker(rank, world, path):
         pool.load_weights(None)
     except RuntimeError as err:
         out["load_refused"] = str(err)
+    if rank == 1:  # its own session ends first: the adopt below opens a new one
+        own, out["own_done"] = _drain(pool, 3)
+        rows += own
     partials = [pool.stream_export() if rank == 0 else None]
     dist.broadcast_object_list(partials, src=0)
     out["moved"] = [(p.row_index, len(p.token_ids)) for p in partials[0]]
@@ -109,12 +113,19 @@ def _tp2_worker(rank, world, path):
     prompts = DataProto.concat([prompts, _share(path, 1)])
     worker.stream_start(prompts)
     rows, _ = _drain(worker, 2, calls=1)
+    # sample reallocation's partial export: both ranks must abort the same sample, or the engine's
+    # two halves step different batches
+    part = [worker.stream_export(1)]
+    dist.broadcast_object_list(part, src=0)
+    worker.stream_adopt(part[0])  # into the session that is still open
+    more, _ = _drain(worker, 1, calls=1)
+    rows += more
     exported = worker.stream_export()
     partials = [exported]
     dist.broadcast_object_list(partials, src=0)  # every rank of the TP group adopts the same list
     worker.stream_adopt(partials[0])
     more, last = _drain(worker, 3)
-    return {"rows": rows + more, "exported": exported, "moved": len(partials[0]), "done": last,
+    return {"rows": rows + more, "exported": exported, "moved": len(partials[0]), "done": last, "partial": len(part[0]),
             "reference": _np(worker.generate_sequences(prompts))}
 
 
@@ -149,6 +160,7 @@ def test_rollout_pool_streams_and_moves_its_tail(results):
     assert moved and moved == results[1]["moved"] and results[1]["adopted"] == len(moved)
     assert results[0]["exporter_step"]["done"] and results[0]["exporter_step"]["rows"] is None
     assert results[0]["exporter_metrics"]["rollout/stream_exported"] == len(moved)
+    assert results[1]["own_done"]["done"]  # rank 1 adopted after its own generation ended
     done = results[1]["pool_done"]
     assert done["done"] and done["unfinished"] == 0 and done["metrics"]["rollout/stream_adopted"] == len(moved)
     rows = results[0]["pool_rows"] + results[1]["pool_rows"]
@@ -173,6 +185,6 @@ def test_a_tp2_engine_streams_in_lockstep(tmp_path_factory):
 
     path = make_tiny_checkpoint(str(tmp_path_factory.mktemp("stream_tp2") / "m"), seed=0)
     first, second = run_distributed(_tp2_worker, 2, path, timeout_s=300)
-    assert second["exported"] is None and second["rows"] == [] and first["moved"] > 0
+    assert second["exported"] is None and second["rows"] == [] and first["moved"] > 0 and first["partial"] == 1
     assert first["done"]["unfinished"] == second["done"]["unfinished"] == 0
     _assert_rows_equal(first["rows"], [first["reference"]])

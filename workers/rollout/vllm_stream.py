@@ -3,7 +3,8 @@
 The controller drives one session per engine in slices of engine steps: ``step(k)`` returns the
 samples that finished since the last call as rows of exactly generate_sequences' layout (plus
 ``row_index``), so reward/reference/critic can start on them while the long tail still generates.
-When few samples are left, ``export()`` aborts them and hands each over as a :class:`Partial`
+When few samples are left, ``export()`` aborts them (``export(count)``: some of them, to even out
+the ranks' work: sample reallocation) and hands each over as a :class:`Partial`
 (prompt row + generated prefix + its log-probs); another engine's ``adopt()`` enqueues
 "prompt + prefix" with the tokens left and, when the sample finishes, reports prefix + new tokens
 and log-probs as if the sample had never moved (the receiver recomputes the prefix's KV cache in
@@ -145,23 +146,37 @@ class VLLMStream:
                         self._take(out, now)
         return self._rows(), len(self._samples), steps
 
-    def export(self) -> list[Partial]:
-        """Abort every unfinished sample and return what another engine needs to go on with it."""
+    def export(self, count: int | None = None) -> list[Partial]:
+        """Abort ``count`` unfinished samples (None: every one) and return what another engine needs
+        to go on with them; the session goes on with the rest.
+
+        A partial export (sample reallocation) takes the samples with the fewest tokens generated
+        (ties: the lowest row_index, so every rank of a TP group picks the same ones): the receiver
+        recomputes each moved sample's KV cache over prompt + prefix, so short prefixes are the
+        cheapest to move, and a sample that has run long keeps the cache it already paid for."""
         self._check_open()
         processor = self.engine.output_processor
-        partials = []
+        held = []
         for request_id, sample in self._samples.items():
             state = processor.request_states[processor.external_req_ids[request_id][0]]
+            held.append((request_id, sample, state))
+        if count is not None and count < len(held):
+            held = sorted(held, key=lambda h: (len(h[1].prefix) + len(h[2].detokenizer.output_token_ids),
+                                               h[1].row_index))[:max(0, int(count))]
+        partials = []
+        for _, sample, state in held:
             tokens = list(state.detokenizer.output_token_ids)
             log_probs = [step[tok].logprob for tok, step in zip(tokens, state.logprobs_processor.logprobs)]
             partials.append(Partial(sample.prompt, sample.row_index, sample.prefix + tokens,
                                     sample.prefix_log_probs + log_probs, sample.settings))
-        if self._samples:
-            self.engine.abort_request(list(self._samples), internal=False)
-        if self.engine.has_unfinished_requests():
+        ids = [request_id for request_id, _, _ in held]
+        if ids:
+            self.engine.abort_request(ids, internal=False)
+        for request_id in ids:
+            del self._samples[request_id]
+        if not self._samples and self.engine.has_unfinished_requests():
             raise RuntimeError("VLLMStream.export: the engine still has requests after aborting the session's")
         self.exported += len(partials)
-        self._samples.clear()
         return sorted(partials, key=lambda p: p.row_index)
 
     def adopt(self, partials: list[Partial]) -> int:

@@ -1,7 +1,12 @@
 """GenerationStream (hybridflow/controller/stream.py), the streaming primitive as a user's own
-dataflow drives it: a real Ray group of two vLLM rollout workers, greedy. Chunks come back while
-others generate; after the first chunk the unfinished samples move onto one rank; every row comes
-back once, and the batch equals the group's generate_sequences, row for row."""
+dataflow drives it: a real Ray group of two vLLM rollout workers, greedy.
+
+Tail migration: chunks come back while others generate; after the first chunk the unfinished
+samples move onto one rank; every row comes back once, and the batch equals the group's
+generate_sequences, row for row. Sample reallocation: the prompts are dealt so that one rank gets
+every long answer (ordered by their generate_sequences length); the stream moves samples between the ranks once one
+holds far more unfinished samples than the other, and the batch
+is still generate_sequences' own, as is the trainer's streamed generation's."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,46 +17,102 @@ import torch
 pytestmark = pytest.mark.slow
 
 TEXTS = ["12+3=", "hello world", "a", "What is 7*8?", "xyz", "9-4=", "hi", "the cat sat", "b", "1+1="]
+KEYS = ("responses", "response_mask", "input_ids", "attention_mask", "position_ids")
 
 
-def test_a_stream_is_the_generation_chunk_by_chunk_with_a_moved_tail(ray_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def group(ray_cluster, tmp_path_factory):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("needs vLLM")
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool, create_colocated_worker_cls
-    from hybridflow.controller.stream import ROW_INDEX, GenerationStream
     from hybridflow.tiny import make_tiny_checkpoint
-    from tests.workers.rollout.common import PROMPT_LEN, RESPONSE_LEN, make_prompts
+    from tests.workers.rollout.common import PROMPT_LEN, RESPONSE_LEN
     from workers.rollout.base import RolloutConfig
     from workers.rollout_worker import RolloutWorker, RolloutWorkerSettings
 
-    ckpt = make_tiny_checkpoint(str(tmp_path / "model"), seed=0)
+    ckpt = make_tiny_checkpoint(str(tmp_path_factory.mktemp("stream") / "model"), seed=0)
     settings = RolloutWorkerSettings(model_path=ckpt, rollout=RolloutConfig(
         prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, kv_cache_gib=0.125, seed=0, dtype="float32"))
     pool = ResourcePool([2], cpus_per_slot=1, name_prefix="stream", ready_timeout_s=60)
-    group = RayWorkerGroup(pool, create_colocated_worker_cls({"rollout": RayClassWithInitArgs(RolloutWorker, settings)}),
-                           name_prefix="stream", timeout_s=240).spawn(["rollout"])["rollout"]
+    workers = RayWorkerGroup(pool, create_colocated_worker_cls({"rollout": RayClassWithInitArgs(RolloutWorker, settings)}),
+                             name_prefix="stream", timeout_s=240).spawn(["rollout"])["rollout"]
     try:
-        group.init_model()
-        prompts = make_prompts(ckpt, texts=TEXTS, meta=dict(do_sample=False, n=1, stop_token_ids=list(range(3, 23))))
-        want = group.generate_sequences(prompts)
-
-        stream = GenerationStream(group, prompts, slice_s=1e-4)  # n from meta_info; one-step slices
-        chunks, moved = [], 0
-        for chunk in stream:
-            chunks.append(chunk)
-            if not moved:
-                stream.migrate(keep=1)
-                moved = stream.moved
-        got = stream.batch()
-        assert moved > 0 and len(chunks) > 1 and stream.free_ranks()
-        rows = torch.cat([c.batch[ROW_INDEX] for c in chunks])
-        assert sorted(rows.tolist()) == list(range(len(TEXTS)))  # each row once
-        for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
-            torch.testing.assert_close(got.batch[key], want.batch[key], msg=key)
-        torch.testing.assert_close(got.batch["rollout_log_probs"], want.batch["rollout_log_probs"], atol=1e-5, rtol=0)
-        assert stream.metrics()["fusion/migrated_samples"] == moved
-        with pytest.raises(ValueError, match="samples per prompt"):
-            GenerationStream(group, prompts.select(meta_info_keys=[]))
+        workers.init_model()
+        workers.ckpt = ckpt
+        yield workers
     finally:
-        group.shutdown()
+        workers.shutdown()
         pool.release()
+
+
+def _assert_same_batch(got, want):
+    for key in KEYS:
+        torch.testing.assert_close(got.batch[key], want.batch[key], msg=key)
+    torch.testing.assert_close(got.batch["rollout_log_probs"], want.batch["rollout_log_probs"], atol=1e-5, rtol=0)
+
+
+def test_a_stream_is_the_generation_chunk_by_chunk_with_a_moved_tail(group):
+    from hybridflow.controller.stream import ROW_INDEX, GenerationStream
+    from tests.workers.rollout.common import make_prompts
+
+    prompts = make_prompts(group.ckpt, texts=TEXTS, meta=dict(do_sample=False, n=1, stop_token_ids=list(range(3, 23))))
+    want = group.generate_sequences(prompts)
+
+    stream = GenerationStream(group, prompts, slice_s=1e-4)  # n from meta_info; one-step slices
+    chunks, moved = [], 0
+    for chunk in stream:
+        chunks.append(chunk)
+        if not moved:
+            stream.migrate(keep=1)
+            moved = stream.moved
+    got = stream.batch()
+    assert moved > 0 and len(chunks) > 1 and stream.free_ranks()
+    rows = torch.cat([c.batch[ROW_INDEX] for c in chunks])
+    assert sorted(rows.tolist()) == list(range(len(TEXTS)))  # each row once
+    _assert_same_batch(got, want)
+    assert stream.metrics()["fusion/migrated_samples"] == moved
+    assert "rollout/reallocated_samples" not in stream.metrics()  # reallocation is off by default
+    with pytest.raises(ValueError, match="samples per prompt"):
+        GenerationStream(group, prompts.select(meta_info_keys=[]))
+    with pytest.raises(ValueError, match="rebalance=1"):
+        GenerationStream(group, prompts, rebalance=1)
+
+
+def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
+    from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, GenerationStream
+    from tests.workers.rollout.common import make_prompts
+
+    texts = TEXTS * 2
+    meta = dict(do_sample=False, n=1, stop_token_ids=list(range(3, 40)))  # 12 of the 20 answers stop within 2 tokens
+    lengths = group.generate_sequences(make_prompts(group.ckpt, texts=texts, meta=dict(meta))).batch["response_mask"].sum(1)
+    # the longest half first: rank 0 (the first half of the rows) gets every long answer
+    texts = [texts[i] for i in torch.argsort(-lengths, stable=True).tolist()]
+    assert lengths.max() >= 3 * lengths.min()  # the deal is lopsided
+    prompts = make_prompts(group.ckpt, texts=texts, meta=dict(meta))
+    want = group.generate_sequences(prompts)
+
+    stream = GenerationStream(group, prompts, slice_s=1e-4, rebalance=0.5)
+    for _ in stream:
+        pass
+    _assert_same_batch(stream.batch(), want)
+    metrics = stream.metrics()
+    assert metrics[REALLOCATED] > 0 and metrics[REALLOCATIONS] >= 1, metrics
+    assert metrics[REALLOCATED] == stream.reallocated and stream.moved == 0  # not migrate's
+    # what one rank exported the other adopted (a replica's sessions' counts add up). Which way
+    # samples go is the ranks' pace: on 2 shared cores the rank dealt the short answers can lag
+    # so far that the other one ran dry first
+    adopted = [r.metrics.get("rollout/stream_adopted", 0.0) for r in stream.replicas]
+    exported = [r.metrics.get("rollout/stream_exported", 0.0) for r in stream.replicas]
+    assert sum(adopted) == sum(exported) == metrics[REALLOCATED], (adopted, exported, metrics)
+
+    # the trainer's generation with reallocation.enable (hybridflow/trainer/reallocated_rollout.py):
+    # generate_sequences' batch and meta_info, its per-rank metrics, and the moves
+    from hybridflow.config.reallocation import ReallocationConfig
+    from hybridflow.trainer.reallocated_rollout import generate
+
+    got = generate(group, prompts, 1, ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4))
+    _assert_same_batch(got, want)
+    assert sorted(got.batch.keys()) == sorted(want.batch.keys())
+    got_metrics, want_metrics = got.meta_info.pop("metrics"), dict(want.meta_info.pop("metrics", {}))
+    assert got.meta_info == want.meta_info
+    assert set(want_metrics) <= set(got_metrics) and got_metrics[REALLOCATED] > 0, (got_metrics, want_metrics)

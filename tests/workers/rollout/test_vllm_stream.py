@@ -4,7 +4,8 @@ One spawned 1-rank gloo world holds two TP=1 engines of one tiny fp32 model (two
 generation in one process, as a move between two ranks would see them); every check runs there
 once and the tests read its results. Greedy: the rows a session returns, sorted by row_index,
 equal generate_sequences' batch (every column, tokens exactly, log-probs to 1e-5) with no move,
-with a move to a session that is generating its own prompts, and with a move to one that has none;
+with a move to a session that is generating its own prompts, with a move to one that has none,
+and with a partial export (the samples with the fewest tokens) to an engine whose last session ended;
 stop tokens end rows early. Sampled with a move: each row's log-probs equal a transformers
 forward of its tokens.
 """
@@ -90,6 +91,29 @@ def _stream_worker(rank, world, path):
     res["empty"] += _run(sa, 4)
     sa.close(), sb.close()
 
+    # a partial export (sample reallocation): a holds samples of two ages and hands over the 3 with
+    # the fewest tokens, going on with the rest; b's last session has ended, a new one adopts them
+    full = _prompts(path, GREEDY)
+    sb = VLLMStream(b)
+    sb.start(_prompts(path, GREEDY)[:2])
+    _run(sb, 4)  # to its end: b generated and closed before it adopts
+    sb.close()
+    sa = VLLMStream(a)
+    sa.start(full[:4])
+    res["partial"] = _run(sa, 3, calls=1)
+    sa.start(full[4:])
+    res["partial"] += _run(sa, 1, calls=1)
+    states = a.llm.llm_engine.output_processor
+    held = {s.row_index: len(states.request_states[states.external_req_ids[r][0]].detokenizer.output_token_ids)
+            for r, s in sa._samples.items()}  # tokens so far of each unfinished sample
+    partials = sa.export(3)
+    res["partial_held"], res["partial_exported"] = held, [(p.row_index, len(p.token_ids)) for p in partials]
+    res["partial_left"] = sa.unfinished
+    sb = VLLMStream(b)
+    sb.adopt(partials)
+    res["partial"] += _run(sb, 2) + _run(sa, 2)
+    sa.close(), sb.close()
+
     # sampled, with a move in the middle
     sa, sb = VLLMStream(a), VLLMStream(b)
     sa.start(_prompts(path, SAMPLED))
@@ -147,6 +171,18 @@ def test_move_to_a_generating_engine_changes_nothing(spawned):
 def test_move_to_an_empty_session_changes_nothing(spawned):
     _, res = spawned
     _assert_equals_reference(res["empty"], res["reference"])
+
+
+@pytest.mark.slow
+def test_a_partial_export_moves_the_shortest_prefixes_and_changes_nothing(spawned):
+    _, res = spawned
+    held, exported = res["partial_held"], res["partial_exported"]
+    assert len(exported) == 3 and res["partial_left"] == len(held) - 3  # the rest stayed on a
+    want = sorted(held, key=lambda row: (held[row], row))[:3]  # fewest tokens, then lowest row
+    assert [row for row, _ in exported] == sorted(want)
+    assert len({held[row] for row in held}) > 1  # the samples held differed in age: the choice mattered
+    assert all(tokens == held[row] for row, tokens in exported)
+    _assert_equals_reference(res["partial"], res["reference"])
 
 
 @pytest.mark.slow
