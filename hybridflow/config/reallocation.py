@@ -22,7 +22,10 @@ class ReallocationConfig:
     enable: bool = key(False, "stream generation and move unfinished samples from the busiest generation rank to "
                               "the idlest while it runs (rollout.name=vllm, hybrid_engine=true, "
                               "stage_fusion.enable=false)")
-    threshold: float = key(0.5, "move when the busiest rank's unfinished samples exceed the idlest's by more than "
-                                "this fraction of the busiest's; about half the difference moves", FRACTION)
-    slice_s: float = key(0.05, "seconds of engine steps a rank runs between reports (and reallocation checks)",
+    # 0.25 and 0.1 s: the best of (threshold, slice_s) in {0.5, 0.25} x {0.05, 0.1, 0.2} tried on the long-tail
+    # bench (scripts/bench/reallocation.py, 2-core CPU; runs differ by about 5%): a lower threshold moves as
+    # soon as the short answers of the lighter rank end, a longer slice costs the stream fewer calls
+    threshold: float = key(0.25, "move when the busiest rank's unfinished samples exceed the idlest's by more than "
+                                 "this fraction of the busiest's; about half the difference moves", FRACTION)
+    slice_s: float = key(0.1, "seconds of engine steps a rank runs between reports (and reallocation checks)",
                          GREATER_THAN_0)

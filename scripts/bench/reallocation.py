@@ -1,0 +1,240 @@
+"""Sample reallocation (issue 35 item 4, RLHFSpec): the batch's generation time when one rollout rank
+is dealt three times the long samples of the other, with and without reallocation, one invocation.
+
+Workload: the long-tail counting model and prompts (workloads/count_model.py, docs/benchmarks.md
+"Long-tail workload"), greedy, one sample per prompt, answers up to 256 tokens, on the hybrid
+worker group our recipe builds (GRPO config, ``--workers`` CPU slots: generation DP = 2, TP = 1).
+A warm-up ``generate_sequences`` over ``--candidates`` training prompts measures each one's greedy
+answer length; "long" are those at or above the candidates' ``--long-quantile`` length, "short" the
+rest. The batch: ``--per-rank`` prompts per rank, rank 0 dealt ``--long-ratio`` times the long ones
+of rank 1 (rank 0: 3k long + the rest short, rank 1: k long + the rest short, k = per_rank / 4 by
+default, so both ranks hold the same number of samples: only their lengths differ), in the
+contiguous split the group's dispatch makes.
+
+Each repetition times the same batch three ways, in turn: ``plain`` (``generate_sequences``: what
+the trainer does without reallocation), ``stream`` (``GenerationStream`` without rebalancing: the
+stream's own cost) and ``reallocated`` (``GenerationStream(rebalance=--threshold)``: what the
+trainer does with ``rollout.reallocation.enable``). Prints one JSON: medians, the ratio
+reallocated / plain (goal <= 0.7) and reallocated / stream, samples moved, whether the tokens are
+generate_sequences' (greedy), and the engine's step cost against the number of sequences it runs
+(what bounds the gain: see ``ideal_ratio``).
+
+    .venv/bin/python scripts/bench/reallocation.py               # about 6 min with assets cached
+    .venv/bin/python scripts/bench/reallocation.py --reps 5 --per-rank 96
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+REPO = os.path.dirname(os.path.dirname(BENCH))
+sys.path.insert(0, REPO)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="an HF checkpoint (default: the workload's warm-started model)")
+    p.add_argument("--data", default=None, help="a folder with train.parquet (default: the workload's)")
+    p.add_argument("--workers", type=int, default=2, help="CPU slots = generation data-parallel ranks")
+    p.add_argument("--candidates", type=int, default=512, help="training prompts measured to pick long and short")
+    p.add_argument("--long-quantile", type=float, default=0.75, help="long: greedy length at or above this quantile")
+    p.add_argument("--per-rank", type=int, default=64, help="prompts per generation rank")
+    p.add_argument("--long-ratio", type=int, default=3, help="rank 0's long prompts over rank 1's")
+    p.add_argument("--long-per-rank1", type=int, default=None, help="rank 1's long prompts (default per_rank / 4)")
+    p.add_argument("--response-length", type=int, default=256)
+    p.add_argument("--threshold", type=float, default=0.25, help="rollout.reallocation.threshold")
+    p.add_argument("--slice-s", type=float, default=0.1, help="rollout.reallocation.slice_s")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--step-cost", default="1,8,16,32,48,64,96,128",
+                   help="running sequences per rank to time engine steps at ('' skips)")
+    p.add_argument("overrides", nargs="*", help="extra recipe key=value overrides (after --)")
+    return p.parse_args(argv)
+
+
+def _config(args, paths: dict):
+    from recipes.main_ppo import load_and_validate
+
+    work = os.path.join(REPO, "runs", "bench-reallocation")
+    return load_and_validate([
+        "--config-name", "grpo", "algorithm.adv_estimator=reinforce_plus_plus", f"data.train_files=[{paths['data']}/train.parquet]",
+        f"data.val_files=[{paths['data']}/val.parquet]", f"actor_rollout_ref.model.path={paths['model']}",
+        "data.apply_chat_template=false", "data.max_prompt_length=24", f"data.max_response_length={args.response_length}",
+        f"data.train_batch_size={args.candidates}", "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.do_sample=false", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.candidates}",
+        "actor_rollout_ref.actor.use_kl_loss=false", f"trainer.n_gpus_per_node={args.workers}",
+        "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={work}", *args.overrides])
+
+
+def _groups(cfg):
+    """The recipe's worker groups (recipes/main_ppo.py ``_run``), the actor's initialised."""
+    import ray
+
+    from hybridflow.trainer.placement import build_worker_groups
+    from recipes.build import role_specs
+    from recipes.main_ppo import read_inputs
+    from recipes.worker_env import worker_env
+
+    inputs = read_inputs(cfg)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {**worker_env(cfg, cfg.actor_rollout_ref.model.path), "PYTHONPATH": REPO}})
+    main_roles, side_roles = role_specs(cfg, inputs.derived)
+    groups, pools = build_worker_groups(cfg, main_roles, side_roles, use_gpu=False)
+    groups["actor_rollout_ref"].init_model()
+    return inputs, groups, pools
+
+
+def _deal(args, lengths, candidates):
+    """Prompt indices in the order dealt: rank 0's share, then rank 1's (3k long on rank 0, k on rank 1)."""
+    import torch
+
+    threshold = float(torch.quantile(lengths.float(), args.long_quantile))
+    long_ = [i for i in range(len(candidates)) if lengths[i] >= threshold]
+    short = [i for i in range(len(candidates)) if lengths[i] < threshold]
+    k = args.long_per_rank1 if args.long_per_rank1 is not None else args.per_rank // 4
+    need_long, need_short = (args.long_ratio + 1) * k, 2 * args.per_rank - (args.long_ratio + 1) * k
+    if args.long_ratio * k > args.per_rank or len(long_) < need_long or len(short) < need_short:
+        raise SystemExit(f"not enough prompts: {len(long_)} long (>= {threshold:g} tokens) and {len(short)} short "
+                         f"for {need_long} and {need_short}; raise --candidates or lower --per-rank")
+    rank0 = long_[:args.long_ratio * k] + short[:args.per_rank - args.long_ratio * k]
+    rank1 = long_[args.long_ratio * k:need_long] + short[args.per_rank - args.long_ratio * k:need_short]
+    # the same prompts dealt evenly (every other one of each kind): no reallocation can beat it
+    longs, shorts = long_[:need_long], short[:need_short]
+    even = longs[0::2] + shorts[0::2] + longs[1::2] + shorts[1::2]
+    return rank0 + rank1, even, threshold, k
+
+
+def _stream(actor, batch, args, rebalance):
+    from hybridflow.controller.stream import ROW_INDEX, GenerationStream
+
+    stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance)
+    for _ in stream:
+        pass
+    out = stream.batch()
+    out.pop([ROW_INDEX])
+    finished = [(r.closed_at or 0) - stream.started for r in stream.replicas]
+    return out, stream, finished
+
+
+def _step_cost(actor, candidates, sizes, workers) -> dict:
+    """Seconds per engine step at b sequences per rank: 2 x b prompts, every answer run to 129
+    tokens (ignore_eos), minus a 1-token call's time (prefill and call overhead), over 128: the
+    mean over contexts of 24 to 153 tokens (a 256-token answer's mean context is about 150)."""
+    out = {}
+    for b in sizes:
+        batch = candidates[0:b * workers]
+        times = {}
+        for tokens in (1, 129):
+            req = batch.select()
+            req.meta_info.update(n=1, do_sample=False, ignore_eos=True, max_tokens=tokens)
+            t0 = time.perf_counter()
+            actor.generate_sequences(req)
+            times[tokens] = time.perf_counter() - t0
+        out[b] = round((times[129] - times[1]) / 128, 5)
+    return out
+
+
+def measure(argv) -> dict:
+    """Run the bench (``argv``: this script's arguments); returns the report as a dict."""
+    import numpy as np
+    import ray
+    import torch
+
+    from hybridflow.protocol import DataProto
+    from hybridflow.trainer.async_rollout import generation_request
+    from workloads.count_model import build_longtail_assets
+
+    args = parse_args(argv)
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    built = build_longtail_assets(REPO)
+    paths = {"model": os.path.abspath(args.model or built["model"]), "data": os.path.abspath(args.data or built["data"])}
+    cfg = _config(args, paths)
+    inputs, groups, pools = _groups(cfg)
+    actor = groups["actor_rollout_ref"]
+    try:
+        candidates = generation_request(DataProto.from_single_dict(inputs.train_loader.next_batch()), n=1)
+        warm = actor.generate_sequences(candidates)  # also the engines' warm-up
+        lengths = warm.batch["response_mask"].sum(1)
+        order, even_order, long_min, k = _deal(args, lengths, candidates)
+        batch, even = candidates[torch.tensor(order)], candidates[torch.tensor(even_order)]
+        dealt = lengths[torch.tensor(order)]
+        half = args.per_rank
+        runs = {"plain": [], "stream": [], "reallocated": [], "even": []}
+        moved, moves, rank_finish, same, lp_diff = [], [], {"stream": [], "reallocated": []}, True, 0.0
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            want = actor.generate_sequences(batch)
+            runs["plain"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            actor.generate_sequences(even)
+            runs["even"].append(time.perf_counter() - t0)
+            for name, rebalance in (("stream", None), ("reallocated", args.threshold)):
+                t0 = time.perf_counter()
+                got, stream, finished = _stream(actor, batch, args, rebalance)
+                runs[name].append(time.perf_counter() - t0)
+                rank_finish[name].append([round(f, 3) for f in finished])
+                same &= all(torch.equal(got.batch[key], want.batch[key]) for key in ("responses", "response_mask"))
+                lp_diff = max(lp_diff, float((got.batch["rollout_log_probs"] - want.batch["rollout_log_probs"]).abs().max()))
+                if rebalance is not None:
+                    moved.append(stream.reallocated)
+                    moves.append(stream.reallocations)
+        sizes = [int(s) for s in args.step_cost.split(",") if s]
+        step_cost = _step_cost(actor, candidates, sizes, args.workers) if sizes else {}
+    finally:
+        for group in {id(g._actors[0]): g for g in groups.values()}.values():
+            group.shutdown()
+        for pool in pools:
+            pool.release()
+        ray.shutdown()
+    med = {name: round(statistics.median(times), 3) for name, times in runs.items()}
+    report = {
+        "setting": {"model": paths["model"], "data": paths["data"], "workers": args.workers, "per_rank": half,
+                    "long_per_rank": [args.long_ratio * k, k], "long_min_tokens": long_min,
+                    "response_length": args.response_length, "threshold": args.threshold, "slice_s": args.slice_s,
+                    "reps": args.reps, "greedy": True, "overrides": args.overrides, "cpus": os.cpu_count(),
+                    "load_avg_1m_at_start": load},
+        "dealt_tokens_per_rank": [int(dealt[:half].sum()), int(dealt[half:].sum())],
+        "dealt_lengths_p50_max_per_rank": [[int(dealt[:half].median()), int(dealt[:half].max())],
+                                           [int(dealt[half:].median()), int(dealt[half:].max())]],
+        "seconds": {name: [round(t, 3) for t in times] for name, times in runs.items()},
+        "median_s": med,
+        "ratio_reallocated_over_plain": round(med["reallocated"] / med["plain"], 3),
+        "ratio_reallocated_over_stream": round(med["reallocated"] / med["stream"], 3),
+        # the best any reallocation could do: the same prompts dealt evenly from the start
+        "ratio_even_over_plain": round(med["even"] / med["plain"], 3),
+        "share_of_even_gain": (round((med["plain"] - med["reallocated"]) / (med["plain"] - med["even"]), 3)
+                               if med["plain"] > med["even"] else None),
+        "rank_finish_s": rank_finish,
+        "reallocated_samples": moved, "reallocations": moves,
+        "tokens_identical": bool(same), "log_prob_max_abs_diff": lp_diff,
+    }
+    if step_cost:
+        report["step_s_by_running_per_rank"] = step_cost
+        report["ideal_ratio"] = _ideal(dealt, half, step_cost)
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    return report
+
+
+def _ideal(dealt, half: int, step_cost: dict) -> float:
+    """Reallocation's best case from the step-cost curve: each rank's decode as sum over steps of
+    step_s(running), rank 0 alone (unbalanced) against both ranks sharing the batch's running
+    sequences evenly at every step (perfect, free moves); the ratio of the slower rank's sums."""
+    import numpy as np
+
+    sizes = sorted(step_cost)
+    cost = lambda running: float(np.interp(running, sizes, [step_cost[s] for s in sizes])) if running else 0.0  # noqa: E731
+    lengths = [dealt[:half].tolist(), dealt[half:].tolist()]
+    steps = int(max(max(x) for x in lengths))
+    alone = max(sum(cost(sum(1 for n in rank if n > s)) for s in range(steps)) for rank in lengths)
+    shared = sum(cost(sum(1 for rank in lengths for n in rank if n > s) / 2) for s in range(steps))
+    return round(shared / alone, 3)
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1:]), indent=2))
