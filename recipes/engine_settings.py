@@ -4,6 +4,8 @@ of ``workers.rollout.base.RolloutConfig``. They are dicts, so reading them needs
 the workers; ``recipes/build.py`` and ``recipes/main_sft.py`` hand them to the worker classes."""
 from __future__ import annotations
 
+import dataclasses
+
 from hybridflow.config.derived import (
     Derived, critic_shares_actor_model, log_prob_token_budget, lora_kwargs, model_parallel, warmup_steps,
 )
@@ -113,4 +115,5 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
         load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
         vllm_engine_kwargs=dict(r.engine_kwargs.vllm), free_cache_engine=r.free_cache_engine, seed=cfg.trainer.seed,
-        hf_overrides=dict(cfg.actor_rollout_ref.model.override_config))  # vLLM builds the actor's model
+        hf_overrides=dict(cfg.actor_rollout_ref.model.override_config),  # vLLM builds the actor's model
+        speculative=dataclasses.asdict(r.speculative))

@@ -79,6 +79,8 @@ class RolloutConfig:
     load_format: str = "auto"
     vllm_engine_kwargs: dict = field(default_factory=dict)
     hf_overrides: dict = field(default_factory=dict)
+    # rollout.speculative's keys (hybridflow/config/speculative.py); empty: off
+    speculative: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in ROLLOUT_NAMES:

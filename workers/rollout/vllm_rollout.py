@@ -54,6 +54,7 @@ from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation
                                   truncate_at_stop)
 from workers.rollout.vllm_partial import (POLL_S, TOKEN_VERSIONS, Switch, WeightSwitcher,
                                           switch_metrics, token_versions)
+from workers.rollout.vllm_speculative import Speculation, speculative_kwargs
 from workers.rollout.vllm_stepping import TAIL_SHARE, generate_per_sample
 from workers.rollout.vllm_weight_sync import (ExpectedReloadWarnings, linears_keep_weights,
                                               load_live_weights, quiet_per_sync_logs,
@@ -190,6 +191,7 @@ def llm_kwargs(config: RolloutConfig, model_path: str, hf_config, dp_rank: int, 
         enable_prefix_caching=config.enable_prefix_caching,
         disable_log_stats=config.disable_log_stats,
         load_format=config.load_format,
+        speculative_config=speculative_kwargs(config.speculative, config.max_num_seqs),
     )
     if config.hf_overrides:
         # vLLM calls it on the checkpoint's config: the training engines' function, so both build
@@ -275,6 +277,8 @@ class VLLMRollout:
             self.why_full_reload = "GPU" if self._on_gpu else "rollout.cpu_live_weights=false"
         self._warned_missing = False
         self._asleep = False
+        # drafts verified by the policy (workers/rollout/vllm_speculative.py)
+        self.speculation = Speculation(self.llm, config.speculative) if config.speculative.get("enable") else None
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto, switch: Switch | None = None, version: int = 0,
@@ -309,6 +313,7 @@ class VLLMRollout:
         if switch is not None:
             switcher = WeightSwitcher(self, switch, version, poll_s)
             hook = {"before_step": switcher}
+        spec_since = self.speculation.snapshot() if self.speculation else None
         with eager:
             # generate() with each sample's finish timed (workers/rollout/vllm_stepping.py)
             completions, tail = generate_per_sample(self.llm, token_lists, params, **hook)
@@ -323,6 +328,8 @@ class VLLMRollout:
             samples.append(per_prompt)
         out = build_rollout_batch(prompts, samples, self.config.response_length, self.pad_token_id)
         out.meta_info["metrics"] = {TAIL_SHARE: tail}
+        if spec_since is not None:
+            out.meta_info["metrics"].update(self.speculation.metrics(spec_since))
         if switcher is not None:
             versions = token_versions(completions, out.batch["response_mask"].sum(1), self.config.response_length)
             out.batch[TOKEN_VERSIONS] = versions

@@ -1,0 +1,91 @@
+"""History drafts and the adaptive draft count, without vLLM: where a draft comes from
+(workers/rollout/history_drafts.py) and which count the measurements choose
+(workers/rollout/adaptive_drafting.py)."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from workers.rollout.adaptive_drafting import DraftTuner
+from workers.rollout.history_drafts import HistoryDrafter, PromptHistory
+
+
+def test_an_earlier_answer_at_the_same_position_is_the_draft():
+    h = PromptHistory([1, 2, 3], min_n=2, max_n=4)
+    old = h.new_doc(h.tail + [7, 8, 9, 7, 8, 5, 6])
+    h.finish(old, keep=4)
+    now = h.new_doc(h.tail + [7, 8, 9, 7, 8])
+    # "7 8" also continues with 9 earlier in the same answers; the aligned place says 5
+    assert h.draft(now, 3) == [5, 6]
+    assert h.draft(now, 1) == [5]
+
+
+def test_the_prompt_drafts_when_no_answer_matches():
+    h = PromptHistory([4, 5, 6, 7, 4, 5], min_n=2, max_n=3)
+    now = h.new_doc(h.tail)
+    assert h.draft(now, 2) == [6, 7]  # the prompt's own "4 5" is followed by "6 7"
+    h.extend(now, [9, 9])
+    assert h.draft(now, 2) == []  # "9 9" occurs nowhere with a continuation
+
+
+def test_answers_beyond_the_kept_count_stop_drafting():
+    h = PromptHistory([1], min_n=1, max_n=2)
+    first = h.new_doc(h.tail + [2, 3])
+    h.finish(first, keep=1)
+    second = h.new_doc(h.tail + [2, 4])
+    h.finish(second, keep=1)  # drops the first
+    now = h.new_doc(h.tail + [2])
+    assert h.draft(now, 1) == [4]
+
+
+def test_the_drafter_keys_history_by_prompt_and_keeps_finished_answers():
+    drafter = HistoryDrafter(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3)))
+    requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2]), "b": SimpleNamespace(prompt_token_ids=[3, 4])}
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]), requests=requests)
+    drafter.bind(runner, 1, 3, answers=4, prompts=8, k_by_batch=[0, 3, 3])
+    tokens = np.array([[1, 2, 5, 6, 7, 8], [3, 4, 9, 0, 0, 0]])
+    drafter.propose([[8], [9]], [6, 3], tokens)
+    runner.input_batch.req_ids = []
+    drafter.propose([], [], tokens[:0])  # both finished: their answers are history now
+    requests["c"] = SimpleNamespace(prompt_token_ids=[1, 2])  # prompt a's again
+    runner.input_batch.req_ids = ["c"]
+    drafts = drafter.propose([[5]], [3], np.array([[1, 2, 5, 0, 0, 0]]))
+    assert drafts == [[6, 7, 8]]
+    drafter.k_by_batch = [0, 0]  # the table says no drafts at one running request
+    assert drafter.propose([[6]], [4], np.array([[1, 2, 5, 6, 0, 0]])) == [[]]
+
+
+def _sums(points):
+    """The tuner's decayed sums (n, x, y, xx, xy) of undecayed points."""
+    return [float(len(points)), sum(x for x, _ in points), sum(y for _, y in points),
+            sum(x * x for x, _ in points), sum(x * y for x, y in points)]
+
+
+def _tuner(k_max=4, adaptive=True):
+    scheduler = SimpleNamespace(dynamic_sd_lookup=[k_max] * 65, schedule=None, update_from_output=None)
+    return DraftTuner(scheduler, k_max, adaptive, retune_steps=1)
+
+
+def test_drafting_pays_in_the_tail_not_in_a_full_batch():
+    tuner = _tuner()
+    assert tuner.table[1:] == [0] * 64  # nothing measured: no drafts
+    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])  # steps: (tokens, seconds)
+    c0, c1 = tuner.cost_line()
+    assert abs(c1 - 1e-4) < 1e-9 and abs(c0 - 0.01) < 1e-6
+    tuner.retune()  # the cost is known, the acceptance is not: explore where drafting is cheap
+    assert tuner.table[1] == 4 and tuner.table[64] == 0
+    tuner.requests = tuner.with_draft = 100.0
+    tuner.tried = [0, 100, 50, 25, 12]
+    tuner.accepted = [0, 50, 25, 12, 6]  # half of the drafts at each position
+    tuner.retune()
+    assert tuner.table[1] == 4 and tuner.table[64] < 4
+    assert tuner.table[64] <= tuner.table[8] <= tuner.table[1]
+    tuner.accepted = [0, 0, 0, 0, 0]  # drafts never accepted: never worth a step
+    tuner.retune()
+    assert tuner.table[1:] == [0] * 64
+
+
+def test_a_fixed_count_when_not_adaptive():
+    tuner = _tuner(k_max=3, adaptive=False)
+    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])
+    tuner.retune()
+    assert tuner.table[1:] == [3] * 64

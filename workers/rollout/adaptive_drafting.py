@@ -1,0 +1,199 @@
+"""Workload-aware drafting (RLHFSpec): how many draft tokens each engine step verifies, chosen from
+measurements as the batch drains into its long tail (``rollout.speculative.adaptive``).
+
+Verifying ``k`` drafts per sequence makes a step process ``b (1 + k)`` tokens for ``b`` running
+sequences and yields ``b`` accepted-length tokens. While many sequences run, a step is compute
+bound and the extra tokens cost nearly their share; in the long tail a step is overhead bound and
+drafts come almost free. RLHFSpec picks the drafting strategy that maximises accepted tokens per
+unit of verification time at the current workload; here the choice is ``k`` per batch size, from:
+
+- the step's cost, ``t = c0 + c1 * tokens``: a least-squares line through recent decode steps'
+  (tokens scheduled, seconds), drafting time included (the proposer runs inside the step);
+- the acceptance: per draft position ``i``, the share of requests whose first ``i`` drafts were
+  accepted given the first ``i - 1`` were (``q_i``), and the share of requests that got a draft at
+  all (a look-up may find none), counted over recent steps with exponential forgetting.
+
+Expected tokens per request ``E(k) = 1 + p_draft * sum_{i<=k} prod_{j<=i} q_j``; the chosen
+``k(b) = argmax_k b E(k) / (c0 + c1 b (1 + p_draft k))``, 0 meaning no drafting. The choice is
+written every ``retune_steps`` steps into vLLM's dense batch size -> ``k`` table (its dynamic
+speculative decoding, ``num_speculative_tokens_per_batch_size``), which the scheduler and the
+proposers read each step. Exploring: a new engine drafts nothing until the cost line is measured,
+then drafts the most where that makes a step at most ``EXPLORE_COST`` times a plain one (the
+small batches of the long tail) until the acceptance is measured. The measurements persist
+across calls, so later batches start from the table the earlier ones chose.
+
+The tuner reads each step through the scheduler's ``schedule`` and ``update_from_output`` (wrapped
+on the instance): the engine core runs in this process (``external_launcher``).
+"""
+from __future__ import annotations
+
+import time
+
+# exponential forgetting per step: about the last 200 steps count (the policy changes between
+# steps of training, and the workload within a call)
+DECAY = 0.995
+# drafted positions measured before the tuner trusts the acceptance (else: draft the most)
+MIN_TRIED = 16
+# how much dearer than a plain step an exploring step may be: drafting is tried where it is cheap
+EXPLORE_COST = 2.0
+
+
+class DraftTuner:
+    """The per-step measurements of one engine, and the batch size -> drafts table they choose."""
+
+    def __init__(self, scheduler, k_max: int, adaptive: bool, retune_steps: int):
+        table = scheduler.dynamic_sd_lookup
+        if table is None:
+            raise RuntimeError("speculative decoding: vLLM's scheduler has no dynamic draft table "
+                               "(num_speculative_tokens_per_batch_size): this vLLM version tracks it elsewhere")
+        self.table, self.k_max = table, k_max
+        self.adaptive, self.retune_steps = adaptive, retune_steps
+        if adaptive:
+            table[:] = [0] * len(table)
+        self.tried = [0.0] * (k_max + 1)  # index i: requests whose i-th draft was checked
+        self.accepted = [0.0] * (k_max + 1)  # ... and accepted
+        self.requests = self.with_draft = 0.0
+        self.fit = [0.0] * 5  # decayed sums: n, x, y, xx, xy (x: tokens, y: seconds)
+        self.steps_since = 0
+        self.totals = dict(steps=0, requests=0, drafted=0, accepted=0, generated=0, k_sum=0, seconds=0.0)
+        self._started: dict[int, tuple[float, int]] = {}
+        schedule, update = scheduler.schedule, scheduler.update_from_output
+
+        def timed_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            self._started[id(out)] = (time.perf_counter(), int(getattr(out, "num_spec_tokens_to_schedule", 0)))
+            return out
+
+        def measured_update(scheduler_output, model_output):
+            result = update(scheduler_output, model_output)
+            self._measure(scheduler_output, model_output)
+            return result
+
+        scheduler.schedule, scheduler.update_from_output = timed_schedule, measured_update
+
+    # ------------------------------------------------------------------ measuring
+    def _measure(self, out, model_output) -> None:
+        started = self._started.pop(id(out), None)
+        if started is None or not out.num_scheduled_tokens:
+            return
+        seconds = time.perf_counter() - started[0]
+        index = model_output.req_id_to_index
+        sampled = model_output.sampled_token_ids
+        drafts = out.scheduled_spec_decode_tokens
+        decode_only, generated, drafted, accepted = True, 0, 0, 0
+        self._decay()
+        for req_id, tokens in out.num_scheduled_tokens.items():
+            d = len(drafts.get(req_id, ()))
+            if tokens != 1 + d:
+                decode_only = False  # a prefill (chunk): not what a draft choice changes
+                continue
+            got = len(sampled[index[req_id]]) if req_id in index else 0
+            if got == 0:
+                continue
+            generated += got
+            self.requests += 1
+            if d == 0:
+                continue
+            self.with_draft += 1
+            a = got - 1  # accepted drafts: the rest is the bonus or the corrected token
+            drafted, accepted = drafted + d, accepted + a
+            for i in range(1, min(a + 1, d) + 1):
+                self.tried[i] += 1
+                self.accepted[i] += i <= a
+        t = self.totals
+        t["steps"] += 1
+        t["requests"] += len(out.num_scheduled_tokens)
+        t["drafted"] += drafted
+        t["accepted"] += accepted
+        t["generated"] += generated
+        t["k_sum"] += started[1]
+        t["seconds"] += seconds
+        if decode_only:
+            x = float(out.total_num_scheduled_tokens)
+            for i, v in enumerate((1.0, x, seconds, x * x, x * seconds)):
+                self.fit[i] += v
+        self.steps_since += 1
+        if self.adaptive and self.steps_since >= self.retune_steps:
+            self.retune()
+
+    def _decay(self) -> None:
+        for values in (self.tried, self.accepted, self.fit):
+            for i in range(len(values)):
+                values[i] *= DECAY
+        self.requests *= DECAY
+        self.with_draft *= DECAY
+
+    # ------------------------------------------------------------------ choosing
+    def cost_line(self) -> tuple[float, float] | None:
+        """(c0, c1) of ``seconds = c0 + c1 * tokens``, or None while the steps seen cannot fix it."""
+        n, x, y, xx, xy = self.fit
+        var = n * xx - x * x
+        if n < 4 or var <= 1e-9 * max(1.0, n * xx):
+            return None
+        c1 = (n * xy - x * y) / var
+        c0 = (y - c1 * x) / n
+        return max(c0, 0.0), max(c1, 1e-9)
+
+    def expected_tokens(self) -> list[float] | None:
+        """``E(k)`` for k = 0..k_max, or None before enough drafts were checked."""
+        if self.tried[1] < MIN_TRIED or self.requests <= 0:
+            return None
+        p_draft = self.with_draft / self.requests
+        expected, run, last_q = [1.0], 1.0, 0.0
+        for i in range(1, self.k_max + 1):
+            # a position never reached yet takes the previous one's rate
+            q = self.accepted[i] / self.tried[i] if self.tried[i] >= 1 else last_q
+            run *= q
+            last_q = q
+            expected.append(expected[-1] + p_draft * run)
+        return expected
+
+    def best_k(self, batch: int, expected: list[float], line: tuple[float, float]) -> int:
+        c0, c1 = line
+        p_draft = self.with_draft / self.requests if self.requests else 1.0
+        rates = [expected[k] / (c0 + c1 * batch * (1 + p_draft * k)) for k in range(self.k_max + 1)]
+        return max(range(self.k_max + 1), key=rates.__getitem__)
+
+    def retune(self) -> None:
+        """Rewrite the scheduler's table in place (the proposers hold the same list)."""
+        self.steps_since = 0
+        expected, line = self.expected_tokens(), self.cost_line()
+        if line is None or not self.adaptive:
+            return
+        c0, c1 = line
+        for batch in range(1, len(self.table)):
+            if expected is None:  # explore where drafting is cheap
+                plain = c0 + c1 * batch
+                self.table[batch] = self.k_max if plain + c1 * batch * self.k_max <= EXPLORE_COST * plain else 0
+            else:
+                self.table[batch] = self.best_k(batch, expected, line)
+
+    # ------------------------------------------------------------------ reporting
+    def snapshot(self) -> dict:
+        return dict(self.totals)
+
+    def metrics(self, since: dict) -> dict[str, float]:
+        """The speculation metrics of the steps after ``since`` (a :meth:`snapshot`)."""
+        d = {k: self.totals[k] - since[k] for k in self.totals}
+        if not d["steps"]:
+            return {}
+        verified = d["drafted"] and d["accepted"] / d["drafted"]
+        return {
+            "rollout/spec_draft_tokens_per_step": d["drafted"] / d["steps"],
+            "rollout/spec_acceptance_rate": float(verified),
+            # tokens a request gains per step it runs (1 without drafts)
+            "rollout/spec_tokens_per_request_step": d["generated"] / max(d["requests"], 1),
+            "rollout/spec_k_mean": d["k_sum"] / d["steps"],
+            "rollout/decode_tokens_per_s": d["generated"] / max(d["seconds"], 1e-9),
+        }
+
+    def table_summary(self) -> list[tuple[int, int, int]]:
+        """The current table as vLLM's ranges ``(first batch, last batch, k)``."""
+        ranges = []
+        for batch in range(1, len(self.table)):
+            k = self.table[batch]
+            if ranges and ranges[-1][2] == k:
+                ranges[-1] = (ranges[-1][0], batch, k)
+            else:
+                ranges.append((batch, batch, k))
+        return ranges
