@@ -11,16 +11,22 @@ of rank 1 (rank 0: 3k long + the rest short, rank 1: k long + the rest short, k 
 default, so both ranks hold the same number of samples: only their lengths differ), in the
 contiguous split the group's dispatch makes.
 
-Each repetition times the same batch three ways, in turn: ``plain`` (``generate_sequences``: what
-the trainer does without reallocation), ``stream`` (``GenerationStream`` without rebalancing: the
-stream's own cost) and ``reallocated`` (``GenerationStream(rebalance=--threshold)``: what the
-trainer does with ``rollout.reallocation.enable``). Prints one JSON: medians, the ratio
-reallocated / plain (goal <= 0.7) and reallocated / stream, samples moved, whether the tokens are
-generate_sequences' (greedy), and the engine's step cost against the number of sequences it runs
-(what bounds the gain: see ``ideal_ratio``).
+Each repetition times, in turn: ``plain`` (``generate_sequences``: what the trainer does without
+reallocation), ``even`` (``generate_sequences`` of the same prompts dealt evenly, every other long
+and short one to each rank: a deal balanced from the start, the mark reallocation aims at, with no
+move and no stream),
+``stream`` (``GenerationStream`` without rebalancing: the stream's own cost) and ``reallocated``
+(``GenerationStream(rebalance=--threshold)``: what the trainer does with
+``rollout.reallocation.enable``). Prints one JSON: the times and their medians, the ratios
+reallocated / plain (the issue's goal: <= 0.7), reallocated / stream and even / plain, the share of
+the even deal's gain reallocation got, each rank's finish time in the streams, the samples moved,
+whether the tokens are generate_sequences' (greedy) and the largest log-prob difference, and the
+engine's seconds per step by the sequences it runs (``step_s_by_running_per_rank``) with the
+best ratio that curve allows (``ideal_ratio``: the busier rank alone against the running
+sequences shared evenly at every step, moves free).
 
-    .venv/bin/python scripts/bench/reallocation.py               # about 6 min with assets cached
-    .venv/bin/python scripts/bench/reallocation.py --reps 5 --per-rank 96
+    .venv/bin/python scripts/bench/reallocation.py               # about 3 min with assets cached
+    .venv/bin/python scripts/bench/reallocation.py --per-rank 128 -- actor_rollout_ref.rollout.max_num_seqs=32
 """
 from __future__ import annotations
 
@@ -50,7 +56,7 @@ def parse_args(argv):
     p.add_argument("--response-length", type=int, default=256)
     p.add_argument("--threshold", type=float, default=0.25, help="rollout.reallocation.threshold")
     p.add_argument("--slice-s", type=float, default=0.1, help="rollout.reallocation.slice_s")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--step-cost", default="1,8,16,32,48,64,96,128",
                    help="running sequences per rank to time engine steps at ('' skips)")
     p.add_argument("overrides", nargs="*", help="extra recipe key=value overrides (after --)")
@@ -125,8 +131,10 @@ def _stream(actor, batch, args, rebalance):
 def _step_cost(actor, candidates, sizes, workers) -> dict:
     """Seconds per engine step at b sequences per rank: 2 x b prompts, every answer run to 129
     tokens (ignore_eos), minus a 1-token call's time (prefill and call overhead), over 128: the
-    mean over contexts of 24 to 153 tokens (a 256-token answer's mean context is about 150)."""
-    out = {}
+    mean over contexts of 24 to 153 tokens (a 256-token answer's mean context is about 150).
+    Also the 1-token call's seconds: the prefill of b prompts per rank plus the call's overhead,
+    what a move's KV recompute (prompt + prefix, one prefill) is of the same order as."""
+    out, prefill = {}, {}
     for b in sizes:
         batch = candidates[0:b * workers]
         times = {}
@@ -137,12 +145,12 @@ def _step_cost(actor, candidates, sizes, workers) -> dict:
             actor.generate_sequences(req)
             times[tokens] = time.perf_counter() - t0
         out[b] = round((times[129] - times[1]) / 128, 5)
-    return out
+        prefill[b] = round(times[1], 4)
+    return out, prefill
 
 
 def measure(argv) -> dict:
     """Run the bench (``argv``: this script's arguments); returns the report as a dict."""
-    import numpy as np
     import ray
     import torch
 
@@ -185,7 +193,7 @@ def measure(argv) -> dict:
                     moved.append(stream.reallocated)
                     moves.append(stream.reallocations)
         sizes = [int(s) for s in args.step_cost.split(",") if s]
-        step_cost = _step_cost(actor, candidates, sizes, args.workers) if sizes else {}
+        step_cost, prefill = _step_cost(actor, candidates, sizes, args.workers) if sizes else ({}, {})
     finally:
         for group in {id(g._actors[0]): g for g in groups.values()}.values():
             group.shutdown()
@@ -198,6 +206,7 @@ def measure(argv) -> dict:
                     "long_per_rank": [args.long_ratio * k, k], "long_min_tokens": long_min,
                     "response_length": args.response_length, "threshold": args.threshold, "slice_s": args.slice_s,
                     "reps": args.reps, "greedy": True, "overrides": args.overrides, "cpus": os.cpu_count(),
+                    "cpu": _cpu(), "rollout_dtype": cfg.actor_rollout_ref.rollout.dtype,
                     "load_avg_1m_at_start": load},
         "dealt_tokens_per_rank": [int(dealt[:half].sum()), int(dealt[half:].sum())],
         "dealt_lengths_p50_max_per_rank": [[int(dealt[:half].median()), int(dealt[:half].max())],
@@ -216,9 +225,22 @@ def measure(argv) -> dict:
     }
     if step_cost:
         report["step_s_by_running_per_rank"] = step_cost
+        report["one_token_call_s_by_prompts_per_rank"] = prefill
         report["ideal_ratio"] = _ideal(dealt, half, step_cost)
     report["wall_s"] = round(time.perf_counter() - start, 1)
     return report
+
+
+def _cpu() -> str:
+    """The CPU's model and the flags a speed figure depends on (docs: the CPU is not always the same)."""
+    model, flags = "", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    return f"{model} [{' '.join(x for x in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if x in flags)}]"
 
 
 def _ideal(dealt, half: int, step_cost: dict) -> float:
