@@ -190,7 +190,8 @@ class GenerationStream:
     def _handle(self, replica: Replica, method: str, result) -> list[DataProto]:
         if method == "stream_adopt":  # not counted by the slices queued before it
             replica.unfinished += int(result)
-            self._moving = False  # a reallocation's last call (migrate adopts only on open replicas)
+            # a reallocation's last call: the next may be decided (fresh counts, _reallocate)
+            self._moving = False
             return []
         if method == "stream_export":  # a reallocation's (migrate waits for its own)
             self._exported(replica, result or [])
