@@ -88,6 +88,8 @@ def _groups(cfg):
     from recipes.worker_env import worker_env
 
     inputs = read_inputs(cfg)
+    if ray.is_initialized():  # a caller's Ray (measure() imported by another bench) would not carry our env
+        raise RuntimeError("reallocation.measure starts its own Ray instance: call it with Ray not initialised")
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {**worker_env(cfg, cfg.actor_rollout_ref.model.path), "PYTHONPATH": REPO}})
     main_roles, side_roles = role_specs(cfg, inputs.derived)
