@@ -1,15 +1,16 @@
 """The workers' streaming methods (workers/stream_rollout.py) on 2 real gloo ranks, called rank by
 rank as the controller calls each Ray actor (no Ray here: the methods are called as plain methods).
 
-The rollout pool's worker (vLLM, TP=1: two generation-DP ranks): each rank streams its half of
-the prompts greedily; after two slices rank 0 exports its unfinished samples and rank 1 adopts
-them, rank 1 after its own session ended (the adopt opens a new one). The rows of both ranks, by row_index, equal both ranks' generate_sequences, and each row
-carries the weight version; load_weights is refused while a session is open. The hybrid worker
-(FSDP actor + vLLM loaded with dummy weights): the stream syncs the actor's weights on entering
-generation (once, the timeline shows weight_sync apart) and its rows equal generate_sequences'
-after it; the stream's calls record as stage ``gen``. A TP=2 engine (both ranks step it in
-lockstep) exports one sample and takes it back into its open session (a partial export: both ranks
-must pick the same one), then moves its tail into a new session of its own and still returns generate_sequences' rows.
+The rollout pool's worker (vLLM, TP=1: two generation-DP ranks): each rank streams its half of the
+prompts greedily; after two slices rank 0 exports its unfinished samples and rank 1 adopts them,
+rank 1 after its own session ended (the adopt opens a new one). The rows of both ranks, by
+row_index, equal both ranks' generate_sequences, and each row carries the weight version;
+load_weights is refused while a session is open. The hybrid worker (FSDP actor + vLLM loaded with
+dummy weights): the stream syncs the actor's weights on entering generation (once, the timeline
+shows weight_sync apart) and its rows equal generate_sequences' after it; the stream's calls record
+as stage ``gen``. A TP=2 engine (both ranks step it in lockstep) exports one sample and takes it
+back into its open session (a partial export: both ranks must pick the same one), then moves its
+tail into a new session of its own and still returns generate_sequences' rows.
 """
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ dataflow drives it: a real Ray group of two vLLM rollout workers, greedy.
 Tail migration: chunks come back while others generate; after the first chunk the unfinished
 samples move onto one rank; every row comes back once, and the batch equals the group's
 generate_sequences, row for row. Sample reallocation: the prompts are dealt so that one rank gets
-every long answer (ordered by their generate_sequences length); the stream moves samples between the ranks once one
-holds far more unfinished samples than the other, and the batch
-is still generate_sequences' own, as is the trainer's streamed generation's."""
+every long answer (ordered by their generate_sequences length); the stream moves samples between
+the ranks once one holds far more unfinished samples than the other, and the batch is still
+generate_sequences' own, as is the trainer's streamed generation's."""
 from __future__ import annotations
 
 import importlib.util
@@ -84,7 +84,8 @@ def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
 
     texts = TEXTS * 2
     meta = dict(do_sample=False, n=1, stop_token_ids=list(range(3, 40)))  # 12 of the 20 answers stop within 2 tokens
-    lengths = group.generate_sequences(make_prompts(group.ckpt, texts=texts, meta=dict(meta))).batch["response_mask"].sum(1)
+    measured = group.generate_sequences(make_prompts(group.ckpt, texts=texts, meta=dict(meta)))
+    lengths = measured.batch["response_mask"].sum(1)
     # the longest half first: rank 0 (the first half of the rows) gets every long answer
     texts = [texts[i] for i in torch.argsort(-lengths, stable=True).tolist()]
     assert lengths.max() >= 3 * lengths.min()  # the deal is lopsided

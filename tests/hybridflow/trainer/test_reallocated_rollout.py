@@ -1,9 +1,9 @@
 """``actor_rollout_ref.rollout.reallocation.enable`` through the real recipe (two colocated slots,
 tiny fp32 model, greedy, one-step slices): the unfused step generates through a rebalancing
 GenerationStream (hybridflow/trainer/reallocated_rollout.py) and trains on its batch; every step
-logs the moves (one step: the wiring is what is checked), and what one rank exported the other adopted. That the streamed batch is
-generate_sequences' own, row for row, is checked on a worker group in
-tests/hybridflow/controller/test_stream.py (same code path, no recipe)."""
+logs the moves (one step: the wiring is what is checked), and what one rank exported the other
+adopted. That the streamed batch is generate_sequences' own, row for row, is checked on a worker
+group in tests/hybridflow/controller/test_stream.py (same code path, no recipe)."""
 from __future__ import annotations
 
 import math
