@@ -86,7 +86,13 @@ class DraftTuner:
         drafts = out.scheduled_spec_decode_tokens
         decode_only, generated, drafted, accepted = True, 0, 0, 0
         self._decay()
-        for req_id, tokens in out.num_scheduled_tokens.items():
+        scheduled = out.num_scheduled_tokens
+        if not drafts:  # nothing verified (many sequences running): no per-request loop
+            decode_only = out.total_num_scheduled_tokens == len(scheduled)
+            generated = sum(map(len, sampled))
+            self.requests += len(scheduled) if decode_only else 0
+            scheduled = {}
+        for req_id, tokens in scheduled.items():
             d = len(drafts.get(req_id, ()))
             if tokens != 1 + d:
                 decode_only = False  # a prefill (chunk): not what a draft choice changes

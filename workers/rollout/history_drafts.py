@@ -135,7 +135,7 @@ class HistoryDrafter:
         self.runner = None  # until bind(): no drafts (vLLM's profiling runs come first)
         self.k_by_batch: list[int] | None = None
         self.prompts: OrderedDict[tuple, PromptHistory] = OrderedDict()
-        self.live: dict[str, tuple[PromptHistory, int, int]] = {}  # request -> (history, doc, prompt length)
+        self.live: dict[str, tuple] = {}  # request -> (its history, its document, vLLM's state of it)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner loads every drafter's model; this one has none."""
@@ -158,31 +158,41 @@ class HistoryDrafter:
         return history
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_):
+        """One draft per row. A request's tokens are read from the runner's own state of it
+        (``output_token_ids``, which vLLM keeps for penalties), so a step that drafts nothing costs
+        a look-up per request, not a copy of its tokens."""
         rows = len(sampled_token_ids)
         if self.runner is None:
             return [[] for _ in range(rows)]
+        req_ids = self.runner.input_batch.req_ids[:rows]
+        live = self.live
+        for req_id in req_ids:
+            if req_id not in live:
+                state = self.runner.requests[req_id]
+                history = self._history(state.prompt_token_ids)
+                live[req_id] = (history, history.new_doc(history.tail), state)
+        if len(live) > rows:
+            present = set(req_ids)
+            for req_id in [r for r in live if r not in present]:
+                # finished, aborted or preempted: its answer so far becomes a draft source (a
+                # preempted request that comes back starts a new document)
+                history, doc, state = live.pop(req_id)
+                self._sync(history, doc, state)
+                history.finish(doc, self.answers)
         k = self.k_max if self.k_by_batch is None else self.k_by_batch[min(rows, len(self.k_by_batch) - 1)]
-        req_ids = self.runner.input_batch.req_ids
-        present = set()
+        if k <= 0:
+            return [[] for _ in range(rows)]
         drafts = []
-        for i in range(rows):
-            req_id = req_ids[i]
-            present.add(req_id)
-            entry = self.live.get(req_id)
-            if entry is None:
-                prompt = self.runner.requests[req_id].prompt_token_ids
-                history = self._history(prompt)
-                entry = self.live[req_id] = (history, history.new_doc(history.tail), len(prompt))
-            history, doc, prompt_len = entry
-            seq = history.docs[doc]
-            total = int(num_tokens_no_spec[i])
-            known = prompt_len + len(seq) - len(history.tail)  # context tokens already in the document
-            if total > known:
-                history.extend(doc, token_ids_cpu[i, known:total].tolist())
-            drafts.append(history.draft(doc, k) if k > 0 and len(sampled_token_ids[i]) > 0 else [])
-        for req_id in [r for r in self.live if r not in present]:
-            # finished, aborted or preempted: its answer so far becomes a draft source (a preempted
-            # request that comes back starts a new document)
-            history, doc, _ = self.live.pop(req_id)
-            history.finish(doc, self.answers)
+        for i, req_id in enumerate(req_ids):
+            history, doc, state = live[req_id]
+            self._sync(history, doc, state)
+            drafts.append(history.draft(doc, k) if len(sampled_token_ids[i]) > 0 else [])
         return drafts
+
+    @staticmethod
+    def _sync(history: PromptHistory, doc: int, state) -> None:
+        """Bring a document up to the request's tokens (-1: a placeholder vLLM fills later)."""
+        seq, out = history.docs[doc], state.output_token_ids
+        have = len(seq) - len(history.tail)
+        if len(out) > have:
+            history.extend(doc, [t for t in out[have:] if t >= 0])

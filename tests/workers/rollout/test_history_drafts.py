@@ -39,19 +39,21 @@ def test_answers_beyond_the_kept_count_stop_drafting():
 
 def test_the_drafter_keys_history_by_prompt_and_keeps_finished_answers():
     drafter = HistoryDrafter(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3)))
-    requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2]), "b": SimpleNamespace(prompt_token_ids=[3, 4])}
+    # vLLM's per-request state: the prompt, and the tokens generated so far
+    requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2], output_token_ids=[5, 6, 7, 8]),
+                "b": SimpleNamespace(prompt_token_ids=[3, 4], output_token_ids=[9])}
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]), requests=requests)
     drafter.bind(runner, 1, 3, answers=4, prompts=8, k_by_batch=[0, 3, 3])
-    tokens = np.array([[1, 2, 5, 6, 7, 8], [3, 4, 9, 0, 0, 0]])
-    drafter.propose([[8], [9]], [6, 3], tokens)
+    unused = np.zeros((2, 6), dtype=np.int64)  # the drafter reads vLLM's request state instead
+    assert drafter.propose([[8], [9]], [6, 3], unused) == [[], []]  # nothing earlier to draft from
     runner.input_batch.req_ids = []
-    drafter.propose([], [], tokens[:0])  # both finished: their answers are history now
-    requests["c"] = SimpleNamespace(prompt_token_ids=[1, 2])  # prompt a's again
+    drafter.propose([], [], unused[:0])  # both finished: their answers are history now
+    requests["c"] = SimpleNamespace(prompt_token_ids=[1, 2], output_token_ids=[5])  # prompt a's again
     runner.input_batch.req_ids = ["c"]
-    drafts = drafter.propose([[5]], [3], np.array([[1, 2, 5, 0, 0, 0]]))
-    assert drafts == [[6, 7, 8]]
+    assert drafter.propose([[5]], [3], unused[:1]) == [[6, 7, 8]]
     drafter.k_by_batch = [0, 0]  # the table says no drafts at one running request
-    assert drafter.propose([[6]], [4], np.array([[1, 2, 5, 6, 0, 0]])) == [[]]
+    requests["c"].output_token_ids.append(6)
+    assert drafter.propose([[6]], [4], unused[:1]) == [[]]
 
 
 def _sums(points):
