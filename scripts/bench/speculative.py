@@ -1,7 +1,7 @@
 """Speculative rollout (issue 35): rollout tokens/s with and without speculation, and sample
 reallocation, in one invocation; prints one JSON.
 
-    .venv/bin/python scripts/bench/speculative.py                 # all parts, about 6 min
+    .venv/bin/python scripts/bench/speculative.py                 # all parts, about 12 min
     .venv/bin/python scripts/bench/speculative.py --parts longtail,demo
 
 Parts:
@@ -20,7 +20,8 @@ Each rollout mode runs in its own process: one ``VLLMRollout`` (the rollout work
 ``off`` (no speculation; the baseline, vLLM's fastest plain decoding on this machine), ``adaptive``
 (history drafts, adaptive count: our default when speculation is on), ``history_k4`` (history
 drafts, always 4) and ``ngram`` (vLLM's prompt look-up, adaptive). Sampled lengths differ between
-modes, so the figure is tokens per second of generation, over all timed calls, and per epoch.
+modes, so the figure is tokens per second of generation, over all timed calls of ``--repeats``
+runs of each mode (run in turn, off / adaptive / ... / off / adaptive / ...), and per epoch.
 """
 from __future__ import annotations
 
@@ -128,9 +129,13 @@ def _spawn(part: str, mode: str, args) -> dict:
 
 
 def summarise(runs: dict) -> dict:
+    """Per mode: tokens per second over every timed call of its runs (``runs[mode]`` is one run or
+    a list of them, one per repetition), by epoch, and the speculation metrics' means."""
     out = {}
     for mode, run in runs.items():
-        calls = run["calls"]
+        reps = run if isinstance(run, list) else [run]
+        calls = [c for r in reps for c in r["calls"]]
+        run = reps[-1]
         per_epoch = {}
         for c in calls:
             e = per_epoch.setdefault(c["epoch"], [0, 0.0])
@@ -162,6 +167,7 @@ def main(argv=None) -> dict:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--batches", type=int, default=3, help="distinct batches per epoch")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
     p.add_argument("--worker", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -175,7 +181,12 @@ def main(argv=None) -> dict:
 
             report[part] = measure([])
             continue
-        report[part] = summarise({mode: _spawn(part, mode, args) for mode in args.modes.split(",")})
+        modes = args.modes.split(",")
+        runs = {mode: [] for mode in modes}
+        for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every mode
+            for mode in modes:
+                runs[mode].append(_spawn(part, mode, args))
+        report[part] = summarise(runs)
     print(json.dumps(report, indent=1))
     return report
 
