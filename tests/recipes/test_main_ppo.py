@@ -239,15 +239,20 @@ def test_ppo_with_critic_gae_megatron_tp2_actor_and_reward_model(recipe_assets, 
 def test_dapo(recipe_assets, tmp_path):
     """The dapo recipe: dynamic sampling (6 prompts generated per batch, 4 kept whose samples
     differ), clip-higher, and the overlong penalty over the last 4 of 8 response tokens. Also
-    verl's rollout correction (token TIS and token rejection) through the workers' loss."""
+    verl's rollout correction (token TIS and token rejection) through the workers' loss, on a
+    rollout that speculates (history drafts, the most every step): the sampler's log-probs are
+    still the policy's."""
     out = str(tmp_path / "run")
     result = run_main_ppo("dapo", recipe_assets.overrides(out) + [
         "data.train_batch_size=4", "data.gen_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
-        "algorithm.rollout_correction.rollout_rs_threshold=5.0"])
+        "algorithm.rollout_correction.rollout_rs_threshold=5.0",
+        "actor_rollout_ref.rollout.speculative.enable=true", "actor_rollout_ref.rollout.speculative.adaptive=false",
+        "actor_rollout_ref.rollout.speculative.prompt_lookup_min=1"])
     metrics = check_run(result, out, recipe_assets.model,
                         extra_metrics=("filter_groups/num_gen_batches", "filter_groups/kept_prompts_frac",
+                                       "rollout/spec_draft_tokens_per_step", "rollout/spec_acceptance_rate",
                                        "reward/overlong_penalty/mean", "reward/overlong/frac",
                                        "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction",
                                        "rollout_corr/kl"))
@@ -257,6 +262,7 @@ def test_dapo(recipe_assets, tmp_path):
         # fp32 sampler and trainer agree to rounding: weights 1, nothing outside [0.2, 5] rejected
         assert metrics[step]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-2)
         assert metrics[step]["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    assert max(metrics[s]["rollout/spec_draft_tokens_per_step"] for s in range(1, STEPS + 1)) > 0  # drafts verified
 
 
 @pytest.mark.slow

@@ -109,6 +109,8 @@ class VLLMStream:
         self._start = time.perf_counter()
         self.exported = self.adopted = 0
         self.closed = False
+        speculation = getattr(rollout, "speculation", None)  # rollout.speculative: its metrics over this session
+        self._spec_since = speculation.snapshot() if speculation is not None else None
         rollout._open_stream = self
 
     # ------------------------------------------------------------------ the calls
@@ -206,8 +208,11 @@ class VLLMStream:
 
     def metrics(self) -> dict[str, float]:
         """``perf/gen_tail_share`` over the samples this session finished, and the moves."""
-        return {TAIL_SHARE: tail_share(self._start, self._finish_times),
-                EXPORTED: float(self.exported), ADOPTED: float(self.adopted)}
+        out = {TAIL_SHARE: tail_share(self._start, self._finish_times),
+               EXPORTED: float(self.exported), ADOPTED: float(self.adopted)}
+        if self._spec_since is not None:
+            out.update(self.rollout.speculation.metrics(self._spec_since))
+        return out
 
     def close(self) -> None:
         """End the session (aborting anything left: export() first to keep it)."""
