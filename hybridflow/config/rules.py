@@ -57,6 +57,7 @@ VLLM_KWARGS_FROM_KEYS = {
     "kv_cache_memory_bytes": f"{ARR}.rollout.kv_cache_gib",
     "enable_sleep_mode": f"{ARR}.rollout.free_cache_engine",
     "hf_overrides": f"{ARR}.model.override_config",  # the training engines apply it too
+    "speculative_config": f"{ARR}.rollout.speculative",  # the adaptive drafts and history drafter sit on it
 }
 # ... and those no key changes, because the rollout relies on them
 VLLM_KWARGS_FIXED = {

@@ -51,3 +51,9 @@ def test_settings_reach_vllm():
     ngram = speculative_kwargs(dict(spec, method="ngram"), 64)
     assert (ngram["method"], ngram["prompt_lookup_min"], ngram["prompt_lookup_max"]) == ("ngram", 2, 4)
     assert speculative_kwargs(dict(spec, enable=False), 64) is None
+
+
+def test_vllms_own_speculative_config_is_refused_for_the_keys():
+    msg = error_of(grpo(**{"actor_rollout_ref__rollout__engine_kwargs__vllm": {"speculative_config": {"method": "ngram"}}}),
+                   check_paths=False)
+    assert "speculative_config is set by hybridflow from actor_rollout_ref.rollout.speculative" in msg, msg
