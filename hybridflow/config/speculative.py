@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hybridflow.config.keys import POSITIVE, Range, key
+from hybridflow.config.keys import ARR, POSITIVE, Range, key
 
 SPECULATIVE_METHODS = ("history", "ngram", "draft_model")
 
@@ -48,8 +48,6 @@ class SpeculativeConfig:
 
 def speculative_errors(cfg) -> list[str]:
     """What ``rollout.speculative`` can run on, one line each (called by config/validate.py)."""
-    from hybridflow.config.keys import ARR
-
     r = cfg.actor_rollout_ref.rollout
     spec, errors = r.speculative, []
     if not spec.enable:

@@ -56,7 +56,11 @@ class DraftTuner:
             table[:] = [0] * len(table)
         self.tried = [0.0] * (k_max + 1)  # index i: requests whose i-th draft was checked
         self.accepted = [0.0] * (k_max + 1)  # ... and accepted
+        # decode requests of steps whose drafts were asked for (the step before chose k > 0), and
+        # how many of them got one: a look-up may find none. Steps that asked for none stay out,
+        # else a run of such steps would read as drafts not found and hold the choice at 0.
         self.requests = self.with_draft = 0.0
+        self._asked = False  # the last step's k (the proposer drafts for the next step) was > 0
         self.fit = np.zeros((3, 4))  # decayed sums of f f^T | f y, f = (1, tokens, drafted), y = seconds
         self.steps_since = 0
         self.totals = dict(steps=0, requests=0, drafted=0, accepted=0, generated=0, k_sum=0, seconds=0.0)
@@ -90,7 +94,7 @@ class DraftTuner:
         if not drafts:  # nothing verified (many sequences running): no per-request loop
             decode_only = out.total_num_scheduled_tokens == len(scheduled)
             generated = sum(map(len, sampled))
-            self.requests += len(scheduled) if decode_only else 0
+            self.requests += len(scheduled) if decode_only and self._asked else 0
             scheduled = {}
         for req_id, tokens in scheduled.items():
             d = len(drafts.get(req_id, ()))
@@ -101,7 +105,7 @@ class DraftTuner:
             if got == 0:
                 continue
             generated += got
-            self.requests += 1
+            self.requests += self._asked
             if d == 0:
                 continue
             self.with_draft += 1
@@ -117,6 +121,7 @@ class DraftTuner:
         t["accepted"] += accepted
         t["generated"] += generated
         t["k_sum"] += started[1]
+        self._asked = started[1] > 0
         t["seconds"] += seconds
         if decode_only:
             f = np.array([1.0, float(out.total_num_scheduled_tokens), float(drafted > 0)])

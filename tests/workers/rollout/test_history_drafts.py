@@ -109,3 +109,26 @@ def test_a_fixed_count_when_not_adaptive():
     tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])
     tuner.retune()
     assert tuner.table[1:] == [3] * 64
+
+
+def test_requests_count_toward_draft_availability_only_when_drafts_were_asked_for():
+    outputs = []
+    scheduler = SimpleNamespace(dynamic_sd_lookup=[0] * 9, schedule=lambda: outputs.pop(0),
+                                update_from_output=lambda out, model_output: None)
+    tuner = DraftTuner(scheduler, 4, adaptive=True, retune_steps=1000)
+
+    def step(k, drafts_per_request):
+        reqs = [f"r{i}" for i in range(len(drafts_per_request))]
+        drafts = {r: [7] * d for r, d in zip(reqs, drafts_per_request) if d}
+        outputs.append(SimpleNamespace(num_scheduled_tokens={r: 1 + d for r, d in zip(reqs, drafts_per_request)},
+                                       total_num_scheduled_tokens=sum(1 + d for d in drafts_per_request),
+                                       scheduled_spec_decode_tokens=drafts, num_spec_tokens_to_schedule=k))
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(reqs)},
+                                                          sampled_token_ids=[[1] * (1 + d) for d in drafts_per_request]))
+
+    for _ in range(5):
+        step(0, [0] * 8)  # many running, none asked for: says nothing about whether drafts are found
+    step(4, [0] * 2)  # the first step that asks: its drafts arrive with the next one
+    step(4, [4, 4])
+    assert tuner.requests > 0 and tuner.with_draft / tuner.requests == 1.0
