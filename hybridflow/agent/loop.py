@@ -52,6 +52,15 @@ class AgentLoopOutput:
     extra_fields: dict = field(default_factory=dict)
 
 
+# every loop reports these keys (and only these), so the rollout can stack them into batch columns
+METRIC_KEYS = ("num_turns", "tool_calls", "tool_errors", "tool_timeouts", "parse_failures",
+               "generated_tokens", "tool_tokens")
+
+
+def zero_metrics() -> dict[str, float]:
+    return {k: 0.0 for k in METRIC_KEYS}
+
+
 @dataclass
 class AgentSettings:
     """The loop's knobs, built by the rollout from ``actor_rollout_ref.rollout.multi_turn`` (verl's
@@ -76,6 +85,16 @@ class AgentLoopBase:
         self.tokenizer = tokenizer
         self.settings = settings
         self.tools = dict(tools or {})
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict,
+                       budget: int) -> TokenOutput:
+        """One server call capped at ``budget`` new tokens; the output is cut to the budget and
+        checked (one log-prob per id), so a misbehaving server fails loudly, not silently."""
+        out = await self.server.generate(request_id, prompt_ids, {**sampling_params, "max_tokens": budget})
+        ids, lps = list(out.token_ids)[:budget], list(out.log_probs)[:budget]
+        if len(lps) != len(ids):
+            raise ValueError(f"token server returned {len(ids)} ids but {len(lps)} log-probs for {request_id}")
+        return TokenOutput(ids, [float(x) for x in lps])
 
     def tool_schemas(self) -> list[dict] | None:
         """OpenAI schemas of the tools, for the chat template (None when there are none)."""
