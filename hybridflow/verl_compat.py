@@ -105,8 +105,17 @@ INERT_KEYS: dict[str, tuple[tuple | None, str]] = {
     **_under([f"{ARR}.rollout"], {
         "calculate_log_probs": (ANY, "the rollout always returns its log-probs (rollout_log_probs)"),
         "layered_summon": (ANY, "the weight sync streams one tensor at a time anyway"),
-        "multi_turn.enable": (OFF, "multi-turn and tool-calling rollouts are not implemented"),
-        "agent.num_workers": (ANY, "there is no agent loop (rollout.mode=sync)"),
+        "multi_turn.interaction_config_path": (NULL, "simulated-user interactions are not implemented; tools "
+                                                     "only (multi_turn.tool_config_path)"),
+        "multi_turn.use_inference_chat_template": (OFF, "the trained ids are the sampled ids plus the tool ids, "
+                                                        "never a re-rendered chat"),
+        "multi_turn.tokenization_sanity_check_mode": (ANY, "earlier turns are never re-tokenized, so there is "
+                                                           "nothing to check"),
+        "agent.num_workers": (ANY, "the agent loops are coroutines inside each rollout worker, not processes"),
+        "agent.agent_loop_config_path": (NULL, "loops are named by agent.default_agent_loop or the data's "
+                                               "agent_name column (a registered name or a dotted class path)"),
+        **dict.fromkeys(("agent.custom_async_server.path", "agent.custom_async_server.name"),
+                        (NULL, "the agent loops use the rollout's own vLLM engine")),
         "trace.backend": (NULL, "rollout tracing is not implemented"),
     }),
     **_under(["reward_model"], _REWARD_MODEL),

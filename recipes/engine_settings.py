@@ -116,4 +116,16 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
         vllm_engine_kwargs=dict(r.engine_kwargs.vllm), free_cache_engine=r.free_cache_engine, seed=cfg.trainer.seed,
         hf_overrides=dict(cfg.actor_rollout_ref.model.override_config),  # vLLM builds the actor's model
-        speculative=dataclasses.asdict(r.speculative))
+        speculative=dataclasses.asdict(r.speculative), multi_turn=multi_turn_settings(cfg))
+
+
+def multi_turn_settings(cfg: RootConfig) -> dict:
+    """``rollout.multi_turn`` for the rollout's agent loops (workers/rollout/vllm_agent.py), with what
+    they need beside it: the default loop, the tokenizer (its chat template renders the turns) and
+    the data's chat-template arguments. Empty when off."""
+    r, model = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
+    if not r.multi_turn.enable:
+        return {}
+    return dict(dataclasses.asdict(r.multi_turn), default_agent_loop=r.agent.default_agent_loop,
+                tokenizer_path=model.tokenizer_path or model.path, chat_template=model.custom_chat_template,
+                apply_chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}))

@@ -15,6 +15,7 @@ from hybridflow import device
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.model_overrides import import_external_lib
 from hybridflow.protocol import DataProto
+from hybridflow.trajectory import last_generated_index
 
 
 @dataclass
@@ -62,7 +63,7 @@ class RewardModelWorker(Worker):
         score = torch.cat(scores)
         mask = data.batch["response_mask"]
         token_scores = torch.zeros_like(mask, dtype=torch.float32)
-        last = (mask.sum(-1) - 1).clamp(min=0)
+        last = last_generated_index(mask)  # a multi-turn response has holes (tool tokens)
         token_scores[torch.arange(len(score)), last] = score
         return DataProto.from_dict({"rm_scores": token_scores})
 

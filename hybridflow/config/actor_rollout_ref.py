@@ -11,6 +11,7 @@ from typing import Any
 
 from hybridflow.config.common import (PARAM_DTYPES, STRATEGIES, CheckpointContents, FSDPConfig, LoraKeys,
                                       MegatronConfig, OptimConfig)
+from hybridflow.config.multi_turn import AgentConfig, MultiTurnConfig
 from hybridflow.config.reallocation import ReallocationConfig
 from hybridflow.config.speculative import SpeculativeConfig
 from hybridflow.config.keys import (GREATER_THAN_0, NON_NEGATIVE, OPEN_UNIT, OPTIONAL_GT_0, OPTIONAL_POSITIVE,
@@ -103,7 +104,7 @@ class RolloutEngineKwargs:
 @dataclass
 class RolloutConfig:  # not workers.rollout.base.RolloutConfig, built by recipes/engine_settings.py
     name: str = key("vllm", "vllm | hf", choices=ROLLOUT_NAMES)
-    mode: str = key("sync", "only sync: whole batches through the engine (no async agent loop)")
+    mode: str = key("sync", "only sync: whole batches through the engine (agent loops too: rollout.multi_turn)")
     n: int = key(1, "responses sampled per prompt", POSITIVE)
     temperature: float = key(1.0, "sampling temperature", NON_NEGATIVE)
     top_p: float = key(1.0, "nucleus sampling mass", OPEN_UNIT)
@@ -141,6 +142,8 @@ class RolloutConfig:  # not workers.rollout.base.RolloutConfig, built by recipes
                                                              "the policy itself; outputs keep its distribution")
     reallocation: ReallocationConfig = key(ReallocationConfig(), "RLHFSpec's sample reallocation between "
                                                                  "generation ranks")
+    multi_turn: MultiTurnConfig = key(MultiTurnConfig(), "multi-turn, tool-using rollouts (agent loops)")
+    agent: AgentConfig = key(AgentConfig(), "which agent loop a row without an agent_name column runs")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from hybridflow.config.load import RESUME_MODES
 from hybridflow.config.ranges import name_errors as declared_name_errors, range_errors
 from hybridflow.config.resolve import strictly_on_policy
 from hybridflow.config.root import RootConfig
+from hybridflow.config.multi_turn import multi_turn_errors
 from hybridflow.config.speculative import speculative_errors
 from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_correction_errors,
@@ -47,6 +48,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
     errors = (algorithm_errors(cfg) + rollout_correction_errors(cfg) + rollout_errors(cfg) + rollout_pool_errors(cfg)
               + bypass_errors(cfg)
               + stage_fusion_errors(cfg, model_roles(cfg)) + reallocation_errors(cfg) + speculative_errors(cfg)
+              + multi_turn_errors(cfg)
               + overlong_buffer_errors(cfg)
               + unsupported_errors(cfg)
               + lora_errors(cfg) + checkpoint_errors(cfg) + parallel)

@@ -209,8 +209,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
 
     ``dataset[i]`` is ``{"input_ids", "attention_mask", "position_ids"}`` ([P] int64 tensors) plus
     ``data_source`` (str), ``ground_truth``, ``extra_info`` (dict, ``{}`` when absent),
-    ``raw_prompt`` (the row's prompt as given) and ``index`` (position among the kept rows).
-    Attributes ``num_filtered`` and ``num_truncated`` count what the length policy did.
+    ``raw_prompt`` (the row's prompt as given) and ``index`` (position among the kept rows), and
+    ``agent_name`` when any row has one (the agent loop of the row, rollout.multi_turn). Attributes ``num_filtered`` and ``num_truncated`` count what the length policy did.
     """
 
     def __init__(self, files: str | Sequence[str], tokenizer, *, prompt_key: str = "prompt",
@@ -271,6 +271,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
         if self.num_truncated:
             logger.warning("truncated %d prompts (%s side) to data.max_prompt_length=%d (%s)",
                            self.num_truncated, truncation, max_prompt_length, files)
+        # verl's agent_name column picks each row's agent loop (rollout.multi_turn); rows without it: null
+        self.has_agent_name = any("agent_name" in row for row in self._rows)
         if not self._rows:
             raise DataError(f"no prompts left in {files} after filtering to data.max_prompt_length="
                              f"{max_prompt_length}: raise it")
@@ -303,7 +305,8 @@ class RLPromptDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict:
         row = self._rows[index]
         input_ids, attention_mask, position_ids = left_pad(self._ids[index], self.max_prompt_length, self.pad_id)
-        return {
+        agent = {"agent_name": row.get("agent_name")} if self.has_agent_name else {}
+        return agent | {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,

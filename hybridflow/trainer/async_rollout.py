@@ -41,10 +41,12 @@ from hybridflow.data.loader import TENSOR_KEYS
 from hybridflow.protocol import DataProto
 
 
-def generation_request(prompts: DataProto, **sampling) -> DataProto:
+def generation_request(prompts: DataProto, multi_turn: bool = False, **sampling) -> DataProto:
     """What ``generate_sequences`` is given for ``prompts``: their tensors, ``sampling`` (n, ...)
-    in meta_info. The trainer builds its requests here too, on either placement."""
-    request = prompts.select(list(TENSOR_KEYS), [], [])
+    in meta_info; ``multi_turn``: their non-tensor columns too (the agent loops render
+    ``raw_prompt`` and read ``agent_name``, ``extra_info``, ...). The trainer builds its requests
+    here too, on either placement."""
+    request = prompts.select(list(TENSOR_KEYS), None if multi_turn else [], [])
     request.meta_info.update(sampling)
     return request
 

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hybridflow.trajectory import response_token_mask
+
 logger = logging.getLogger(__name__)
 
 VAL_GENERATIONS_FILE = "val_generations.jsonl"
@@ -42,6 +44,7 @@ def generation_rows(batch, scores: Sequence[float], tokenizer, texts: Sequence[s
     prompt_len = b["prompts"].shape[1]
     prompts, prompt_mask = b["prompts"][:count].tolist(), b["attention_mask"][:count, :prompt_len].tolist()
     sources, gts = nt.get("data_source"), nt.get("ground_truth")
+    response_mask = response_token_mask(b)  # a multi-turn row's tool responses too
     decoded: dict[tuple, str] = {}  # the rollout.n samples of a prompt share it: decode it once
     rows = []
     for i in range(count):
@@ -49,7 +52,7 @@ def generation_rows(batch, scores: Sequence[float], tokenizer, texts: Sequence[s
         if ids not in decoded:
             decoded[ids] = tokenizer.decode(list(ids), skip_special_tokens=True)
         if texts is None:
-            output = tokenizer.decode(b["responses"][i][b["response_mask"][i].bool()].tolist(),
+            output = tokenizer.decode(b["responses"][i][response_mask[i].bool()].tolist(),
                                       skip_special_tokens=True)
         else:
             output = texts[i]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.algorithms import explained_variance, masked_mean
+from hybridflow.trajectory import agent_step_metrics, response_token_mask
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -24,8 +25,8 @@ def _percentiles(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 def data_metrics(batch, use_critic: bool) -> dict[str, float]:
     b = batch.batch
-    mask = b["response_mask"].float()
-    lengths = mask.sum(-1)
+    mask = b["response_mask"].float()  # generated tokens (a multi-turn response's tool tokens are not)
+    lengths = response_token_mask(b).float().sum(-1)  # multi-turn: the whole trajectory, as verl counts it
     prompt_lengths = b["attention_mask"][:, : -mask.shape[1]].sum(-1).float()
     out = {}
     out.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
@@ -40,6 +41,7 @@ def data_metrics(batch, use_critic: bool) -> dict[str, float]:
         values = b["values"]
         out.update(_stats("critic/values", values[mask.bool()]))
         out["critic/vf_explained_var"] = float(explained_variance(values, b["returns"], mask))
+    out.update(agent_step_metrics(b))  # multi-turn batches: turns, tool calls, errors, tokens
     return out
 
 

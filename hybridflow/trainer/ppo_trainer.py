@@ -32,6 +32,7 @@ from hybridflow.trainer.fused_rollout import fused_rollout_for
 from hybridflow.trainer.reallocated_rollout import generate
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
+from hybridflow.trajectory import reward_columns
 from hybridflow.trainer.rollout_correction import apply_rollout_correction
 from hybridflow.trainer.timeline import StageTimeline, timer
 from hybridflow.trainer.reward_process import PendingModelScores, RewardProcess, model_scoring, score_batch
@@ -228,7 +229,7 @@ class PPOTrainer:
         model computes them, in which case the batch has no ``token_level_scores`` yet)."""
         n = self.cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        gen_in = generation_request(batch, n=n)
+        gen_in = generation_request(batch, self.cfg.actor_rollout_ref.rollout.multi_turn.enable, n=n)
         greedy = scoring = None
         with timer("gen", metrics):
             if self.fused is not None:  # with reward and inference on chunks as they finish
@@ -254,7 +255,7 @@ class PPOTrainer:
             self._apply_scores(batch, scoring, metrics)
             return batch, baselines, metric_values(fg.metric, scoring[1], scoring[3]) if fg.enable else None, None
         if self.reward_process is not None:  # a snapshot: the step goes on changing the batch's columns
-            return batch, baselines, None, self.reward_process.submit(batch.select(["responses", "response_mask"]))
+            return batch, baselines, None, self.reward_process.submit(batch.select(reward_columns(batch.batch)))
         if "reward_model" in self.overlapped and not fg.enable:  # scored on the other pool meanwhile
             return batch, baselines, None, PendingModelScores(self.rm.submit("compute_rm_score", batch))
         with timer("reward", metrics):

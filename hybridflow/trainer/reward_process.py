@@ -25,19 +25,24 @@ import numpy as np
 
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.loader import RewardFunctionError
+from hybridflow.trajectory import (TOOL_OUTPUTS, extra_infos_with_tool_outputs, response_token_mask,
+                                   scores_on_last_generated)
 
 
 def score_batch(tokenizer, reward_manager, batch: DataProto) -> tuple:
     """(token_level_scores [B,R], per-sample scores, metrics, the reward function's extra fields
     per sample, the decoded responses) for a batch with ``responses``, ``response_mask`` and the
     dataset's ``data_source``, ``ground_truth`` (and optional ``extra_info``) columns."""
-    responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+    # a multi-turn trajectory's whole response, tool responses included (hybridflow/trajectory.py)
+    responses, mask = batch.batch["responses"], response_token_mask(batch.batch)
     lengths = mask.sum(-1).tolist()
     texts = [tokenizer.decode(r[:n].tolist(), skip_special_tokens=True) for r, n in zip(responses, lengths)]
     nt = batch.non_tensor_batch
+    extra_infos = extra_infos_with_tool_outputs(nt.get("extra_info", [None] * len(texts)), nt.get(TOOL_OUTPUTS))
     result = reward_manager(texts, lengths, responses.shape[1], list(nt["data_source"]), list(nt["ground_truth"]),
-                            list(nt.get("extra_info", [None] * len(texts))))
-    return result.token_level_scores, result.scores, result.metrics, result.extra, texts
+                            extra_infos)
+    token_level_scores = scores_on_last_generated(result.token_level_scores, batch.batch)
+    return token_level_scores, result.scores, result.metrics, result.extra, texts
 
 
 def model_scoring(out: DataProto):

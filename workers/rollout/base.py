@@ -81,6 +81,9 @@ class RolloutConfig:
     hf_overrides: dict = field(default_factory=dict)
     # rollout.speculative's keys (hybridflow/config/speculative.py); empty: off
     speculative: dict = field(default_factory=dict)
+    # rollout.multi_turn's keys plus agent.default_agent_loop, the tokenizer's folder and chat template
+    # (recipes/engine_settings.py; workers/rollout/vllm_agent.py); empty or enable false: single-turn
+    multi_turn: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in ROLLOUT_NAMES:

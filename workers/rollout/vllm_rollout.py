@@ -279,6 +279,12 @@ class VLLMRollout:
         self._asleep = False
         # drafts verified by the policy (workers/rollout/vllm_speculative.py)
         self.speculation = Speculation(self.llm, config.speculative) if config.speculative.get("enable") else None
+        # multi-turn, tool-using trajectories (workers/rollout/vllm_agent.py); None: single-turn
+        self.agent = None
+        if config.multi_turn.get("enable"):
+            from workers.rollout.vllm_agent import AgentRunner
+
+            self.agent = AgentRunner.from_config(config.multi_turn, config.prompt_length, config.response_length)
 
     # ------------------------------------------------------------------ generation
     def generate_sequences(self, prompts: DataProto, switch: Switch | None = None, version: int = 0,
@@ -294,6 +300,13 @@ class VLLMRollout:
         from vllm import SamplingParams
 
         settings = resolve_sampling(self.config, prompts.meta_info, self.eos_token_ids)
+        if self.agent is not None:
+            from workers.rollout.vllm_agent import generate_agent_sequences
+
+            eager = contextlib.nullcontext() if self._on_gpu else torch.compiler.set_stance("force_eager")
+            with eager:
+                return generate_agent_sequences(self.llm, self.agent, prompts, settings, self.pad_token_id,
+                                                self.config.context_length)
         token_lists = prompt_token_lists(prompts, self.config.prompt_length)
         params = SamplingParams(
             n=settings.n,

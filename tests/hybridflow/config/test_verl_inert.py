@@ -34,7 +34,8 @@ def test_every_inert_key_is_accepted_at_its_values_and_changes_nothing():
     ("actor_rollout_ref.actor.megatron.context_parallel_size=2",
      "actor_rollout_ref.actor.megatron.context_parallel_size=2: context parallelism is not implemented; set it to 1"),
     ("data.custom_cls.path=/data/my_dataset.py", "data.custom_cls.path='/data/my_dataset.py': a custom dataset class"),
-    ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn.enable=true: multi-turn and tool-calling"),
+    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=/x.yaml",
+     "multi_turn.interaction_config_path='/x.yaml': simulated-user interactions are not implemented"),
     ("critic.model.fsdp_config.model_dtype=bf16", "critic.model.fsdp_config.model_dtype='bf16': the FSDP model holds"),
     ("reward_model.model.trust_remote_code=true", "reward_model.model.trust_remote_code=true: remote model code is "
                                                   "never run; set it to false"),
