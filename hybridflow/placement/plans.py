@@ -34,16 +34,20 @@ class RoleLayout:
         if self.strategy == "vllm":
             return f"tp{self.tp}xdp{self.dp}"
         s = f"{self.strategy} tp{self.tp}/pp{self.pp}/dp{self.dp}"
-        if self.fsdp_shard > 1:
-            s += f" shard{self.fsdp_shard}"
+        if self.fsdp_shard > 1:  # FSDP: everything sharded; Megatron: the distributed optimizer
+            s += f" shard{self.fsdp_shard}" if self.strategy == "fsdp" else f" distopt{self.fsdp_shard}"
         return s
 
 
 @dataclass(frozen=True)
 class Pool:
+    """``per_node``: devices the pool takes on each node it spans (the runtime's
+    ``trainer.separate_pool_gpus_per_node`` split); 0 = whole nodes (or part of one node)."""
+
     name: str
     slots: int
     roles: tuple[str, ...]
+    per_node: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,14 +70,16 @@ class Plan:
     @property
     def placement(self) -> str:
         """HybridFlow's names: colocate (one pool), split (actor+ref | critic+RM), standalone (each
-        model its own pool); anything else is named by its pools."""
+        model its own pool); separate (actor | the rest, the runtime's); else named by its pools."""
         train = [p for p in self.pools if p.name != "rollout"]
         if len(train) == 1:
             kind = "colocate"
         elif all(len(p.roles) == 1 for p in train):
             kind = "standalone"
-        elif len(train) == 2 and set(train[0].roles) <= {"actor", "ref"}:
+        elif len(train) == 2 and set(train[0].roles) <= {"actor", "ref"} and "ref" not in train[1].roles:
             kind = "split"
+        elif len(train) == 2 and train[0].roles == ("actor",):
+            kind = "separate"  # the runtime's trainer.placement=separate: actor | ref, critic, RM
         else:
             kind = "+".join("|".join(p.roles) for p in train)
         return kind + ("+async-rollout" if self.separate_rollout else "")
@@ -85,14 +91,16 @@ class Plan:
             for r in p.roles:
                 lay = self.rollout if r == "rollout" else self.layouts[r]
                 roles.append(f"{r}[{lay.describe()}]")
-            parts.append(f"{p.name}({p.slots}): " + ", ".join(roles))
+            where = f"{p.slots}" + (f"={p.slots // p.per_node}x{p.per_node}/node" if p.per_node else "")
+            parts.append(f"{p.name}({where}): " + ", ".join(roles))
         gen = "" if self.separate_rollout else f"; generate {self.rollout.describe()}"
         return f"{self.placement}: " + "; ".join(parts) + gen
 
     def to_dict(self) -> dict:
         lay = lambda l: dict(tp=l.tp, pp=l.pp, dp=l.dp, fsdp_shard=l.fsdp_shard, strategy=l.strategy)
         return {"placement": self.placement, "separate_rollout": self.separate_rollout,
-                "pools": [{"name": p.name, "slots": p.slots, "roles": list(p.roles)} for p in self.pools],
+                "pools": [{"name": p.name, "slots": p.slots, "roles": list(p.roles), "per_node": p.per_node}
+                          for p in self.pools],
                 "layouts": {r: lay(l) for r, l in self.layouts.items()}, "rollout": lay(self.rollout),
                 "describe": self.describe()}
 

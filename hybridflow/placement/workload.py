@@ -92,6 +92,10 @@ class Workload:
     ``micro_batch`` is sequences per device per forward/backward (verl's
     ``ppo_micro_batch_size_per_gpu``); ``recompute`` is activation checkpointing (verl's
     ``enable_gradient_checkpointing``); ``param_bytes`` the training/rollout dtype's width (bf16 = 2).
+    ``one_step_off``: a plan with a rollout pool of its own generates the next batch while this one
+    trains (verl's one-step-off policy, ``async_training.staleness_threshold=1``: off-policy by a
+    step, so it is opt-in); False (default): the pools take turns (staleness 0, on-policy, the
+    same algorithm as the colocated plans).
     """
 
     actor: ModelShape
@@ -108,6 +112,7 @@ class Workload:
     optimizer: str = "adam"
     micro_batch: int = 2
     recompute: bool = True
+    one_step_off: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property

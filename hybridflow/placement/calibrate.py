@@ -1,0 +1,346 @@
+"""A short profiling pass on the machine in hand: the DeviceProfile of one CPU worker slot.
+
+On a GPU the cost model's datasheet peaks times an efficiency are good enough; on a CPU the
+efficiency of a whole model's forward or training step is far from a matmul's (attention, norms,
+the LM head's softmax, the optimizer, threads), so the most predictive numbers are the actual
+model's: its forward, its forward+backward+AdamW step and its one-token decode step, each timed
+at the workload's sizes and expressed as an effective FLOP/s (2N per token forward, 6N per token
+train: Kaplan et al. 2020, arXiv:2001.08361 section 2.1), so the cost model applies them to any
+role and batch. Besides: matmul FLOP/s per dtype, the gloo all-reduce between 2 local processes
+(fixed latency per call and bus bandwidth) and a memory copy's bandwidth.
+
+Everything runs with ``threads`` torch threads (a worker's share of the cores), best of a few
+repeats (a shared machine only ever makes a run slower), in under ~30 s, and is cached as JSON in
+``~/.cache/hybridflow/`` under a key of the CPU model and flags, torch's version, the thread
+count and the model shapes measured: a new machine, torch or model size measures again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import time
+from dataclasses import asdict
+
+from hybridflow.placement.devices import DeviceProfile
+from hybridflow.placement.workload import ModelShape, Workload
+
+CACHE_VERSION = 1
+DTYPES = ("fp32", "bf16")
+CACHE_DIR_ENV = "HYBRIDFLOW_CACHE_DIR"
+
+
+def cache_dir() -> str:
+    return os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "hybridflow")
+
+
+def cpu_identity() -> str:
+    """The CPU's model name and feature flags (what decides its kernels' speed), from /proc/cpuinfo."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return f"{model}|{flags}"
+
+
+def cache_key(threads: int, shapes: dict, batch: dict) -> str:
+    """What the measurements depend on: CPU model and flags, torch version, threads per slot, and
+    the model shapes and batch sizes the per-token costs were measured at."""
+    import torch
+
+    ident = json.dumps({"v": CACHE_VERSION, "cpu": cpu_identity(), "torch": torch.__version__, "threads": threads,
+                        "shapes": {k: asdict(v) for k, v in sorted(shapes.items())}, "batch": batch}, sort_keys=True)
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def cache_path(key: str) -> str:
+    return os.path.join(cache_dir(), f"calibration-{key}.json")
+
+
+def profile_from_dict(d: dict) -> DeviceProfile:
+    return DeviceProfile(name=d["name"], flops=dict(d["flops"]), mem_bytes=d["mem_bytes"], mem_bw=d["mem_bw"],
+                         intra_node_bw=d["intra_node_bw"], inter_node_bw=d["inter_node_bw"], source=d["source"],
+                         **({"measured": d["measured"]} if "measured" in d and _has_measured() else {}))
+
+
+def profile_to_dict(p: DeviceProfile) -> dict:
+    return {"name": p.name, "flops": dict(p.flops), "mem_bytes": p.mem_bytes, "mem_bw": p.mem_bw,
+            "intra_node_bw": p.intra_node_bw, "inter_node_bw": p.inter_node_bw, "source": p.source,
+            "measured": dict(measured_of(p))}
+
+
+def _has_measured() -> bool:
+    return "measured" in DeviceProfile.__dataclass_fields__
+
+
+def measured_of(p: DeviceProfile) -> dict:
+    """The profile's per-machine measurements (calibrate's), {} for a datasheet profile."""
+    return getattr(p, "measured", None) or _MEASURED_SIDE.get(id(p), {})
+
+
+_MEASURED_SIDE: dict[int, dict] = {}  # where DeviceProfile has no ``measured`` field yet
+
+
+def _with_measured(p: DeviceProfile, measured: dict) -> DeviceProfile:
+    if _has_measured():
+        return p
+    _MEASURED_SIDE[id(p)] = measured
+    return p
+
+
+def calibrate(workload: Workload, threads: int = 1, *, refresh: bool = False, slots: int = 1,
+              log=None) -> DeviceProfile:
+    """The DeviceProfile of one worker slot of ``threads`` threads, measured for ``workload``'s
+    models (cached; ``refresh`` measures again). ``slots`` divides the host's memory among workers."""
+    shapes = {"actor": workload.actor}
+    for role in ("critic", "reward_model"):
+        shape = getattr(workload, role)
+        if shape is not None and shape != workload.actor:
+            shapes[role] = shape
+    micro = max(1, min(workload.micro_batch, 16))
+    decode_batch = max(1, min(workload.sequences, 128))
+    batch = {"micro": micro, "seq": workload.seq_len, "decode_batch": decode_batch,
+             "prompt": workload.prompt_len}
+    key = cache_key(threads, shapes, batch)
+    path = cache_path(key)
+    if not refresh and os.path.exists(path):
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return _finish(data, slots)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache file is measured again
+    t0 = time.perf_counter()
+    data = measure(shapes, batch, threads, log=log)
+    data["seconds"] = round(time.perf_counter() - t0, 1)
+    data["key"] = key
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # a concurrent run reads a whole file or none
+    return _finish(data, slots)
+
+
+def _finish(data: dict, slots: int) -> DeviceProfile:
+    """The cached measurements as a DeviceProfile; memory per slot is the host's over ``slots``."""
+    d = dict(data["profile"])
+    d["mem_bytes"] = host_memory_bytes() / max(1, slots)
+    p = profile_from_dict(d)
+    return _with_measured(p, d["measured"])
+
+
+def host_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2 ** 30
+
+
+def measure(shapes: dict[str, ModelShape], batch: dict, threads: int, log=None) -> dict:
+    """Every measurement, at ``threads`` threads; returns the cache file's content."""
+    import torch
+
+    say = log or (lambda msg: None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        actor = shapes["actor"]
+        flops = {dt: matmul_flops(dt, actor.hidden, actor.ffn, batch["micro"] * batch["seq"]) for dt in DTYPES}
+        say(f"matmul FLOP/s {flops}")
+        fwd, train, decode_f, step_s = {}, {}, {}, {}
+        for dt in DTYPES:
+            fwd[dt], train[dt] = model_flops(actor, dt, batch["micro"], batch["seq"])
+            decode_f[dt], step_s[dt] = decode_cost(actor, dt, batch["decode_batch"], batch["prompt"])
+        say(f"model fwd {fwd} train {train} decode {decode_f} step {step_s}")
+        latency, bus_bw = gloo_allreduce(threads)
+        say(f"gloo all-reduce latency {latency:.2e} s, bus bandwidth {bus_bw:.3g} B/s")
+        mem_bw = copy_bandwidth()
+    finally:
+        torch.set_num_threads(previous)
+    measured = {"fwd_flops": fwd, "train_flops": train, "decode_flops": decode_f,
+                # engine overhead per decode step: the dtype the rollout uses is not known here, take the larger
+                "decode_step_s": max(step_s.values()), "decode_step_s_by_dtype": step_s,
+                "collective_latency_s": latency, "threads": threads}
+    profile = {"name": f"cpu-{threads}t", "flops": flops, "mem_bytes": host_memory_bytes(), "mem_bw": mem_bw,
+               "intra_node_bw": bus_bw, "inter_node_bw": bus_bw, "measured": measured,
+               "source": (f"calibrated {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on "
+                          f"{cpu_identity().split('|')[0]}, {threads} thread(s) per slot "
+                          "(hybridflow/placement/calibrate.py)")}
+    import torch as _t
+
+    return {"version": CACHE_VERSION, "cpu": cpu_identity().split("|")[0], "torch": _t.__version__,
+            "threads": threads, "shapes": {k: asdict(v) for k, v in shapes.items()}, "batch": batch,
+            "profile": profile}
+
+
+def _best(fn, repeats: int, budget_s: float) -> float:
+    """The fastest of ``repeats`` timed calls (after one untimed warm-up), stopping early past ``budget_s``."""
+    fn()
+    best, start = float("inf"), time.perf_counter()
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() - start > budget_s:
+            break
+    return best
+
+
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def matmul_flops(dtype: str, hidden: int, ffn: int, tokens: int) -> float:
+    """FLOP/s of the workload's MLP-shaped matmul (tokens x hidden) @ (hidden x ffn)."""
+    import torch
+
+    tokens = max(64, min(tokens, 2048))
+    a = torch.randn(tokens, hidden, dtype=_torch_dtype(dtype))
+    b = torch.randn(hidden, ffn, dtype=_torch_dtype(dtype))
+    t = _best(lambda: torch.mm(a, b), 5, 1.0)
+    return 2.0 * tokens * hidden * ffn / t
+
+
+def _hf_model(shape: ModelShape, dtype: str):
+    """A randomly initialised Qwen2 causal LM of ``shape`` (the tiny models' and Llama's layout)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
+                      num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                      vocab_size=shape.vocab, tie_word_embeddings=shape.tied, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).to(_torch_dtype(dtype))
+
+
+def model_flops(shape: ModelShape, dtype: str, micro: int, seq: int) -> tuple[float, float]:
+    """Effective FLOP/s of the model's forward (2N/token, no grad) and of its training step
+    (forward + backward + AdamW, 6N/token) on ``micro`` sequences of ``seq`` tokens."""
+    import torch
+
+    model = _hf_model(shape, dtype)
+    ids = torch.randint(0, shape.vocab, (micro, seq))
+    tokens = micro * seq
+    with torch.no_grad():
+        t_fwd = _best(lambda: model(input_ids=ids).logits.float().log_softmax(-1), 3, 2.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step():
+        logits = model(input_ids=ids).logits.float()
+        logits.log_softmax(-1).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t_train = _best(step, 3, 4.0)
+    n = shape.params
+    return 2.0 * n * tokens / t_fwd, 6.0 * n * tokens / t_train
+
+
+def decode_cost(shape: ModelShape, dtype: str, batch: int, prompt: int) -> tuple[float, float]:
+    """One-token decode steps with a KV cache: (effective FLOP/s of the batch-proportional part,
+    fixed seconds per step), from steps timed at ``batch`` and at ``batch // 8`` sequences."""
+    import torch
+
+    model = _hf_model(shape, dtype)
+    n = shape.params
+
+    def step_time(b: int) -> float:
+        ids = torch.randint(0, shape.vocab, (b, max(1, prompt)))
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True)
+            past, nxt = out.past_key_values, torch.randint(0, shape.vocab, (b, 1))
+            times = []
+            for _ in range(6):
+                t = time.perf_counter()
+                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+                times.append(time.perf_counter() - t)
+                past = out.past_key_values
+        return min(times[1:])
+
+    big, small = max(2, batch), max(1, batch // 8)
+    t_big, t_small = step_time(big), step_time(small)
+    per_seq = max((t_big - t_small) / (big - small), 1e-9)
+    fixed = max(t_big - per_seq * big, 0.0)
+    return 2.0 * n / per_seq, fixed
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a 64 MB tensor copy (read + write counted)."""
+    import torch
+
+    src = torch.empty(16 * 2 ** 20, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    t = _best(lambda: dst.copy_(src), 5, 1.0)
+    return 2.0 * src.numel() * 4 / t
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _allreduce_rank(rank: int, port: int, threads: int, sizes: list[int], out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=__import__("datetime").timedelta(seconds=60))
+    try:
+        results = []
+        for numel in sizes:
+            t = torch.ones(numel)
+            reps = 30 if numel < 2 ** 16 else 5
+            for _ in range(2):
+                dist.all_reduce(t)
+            best = float("inf")
+            for _ in range(reps):
+                dist.barrier()
+                s = time.perf_counter()
+                dist.all_reduce(t)
+                best = min(best, time.perf_counter() - s)
+            results.append(best)
+        if rank == 0:
+            out.put(results)
+    finally:
+        dist.destroy_process_group()
+
+
+def gloo_allreduce(threads: int) -> tuple[float, float]:
+    """(seconds per all-reduce call of a few bytes, bus bandwidth in bytes/s of a 16 MB one) between
+    2 local processes over gloo, as the workers' collectives run on CPU. For 2 ranks a ring
+    all-reduce moves 2(n-1)/n = 1x the buffer per rank (bus bandwidth = algorithm bandwidth)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    sizes = [256, 4 * 2 ** 20]  # floats: 1 KB and 16 MB
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_allreduce_rank, args=(r, port, threads, sizes, q), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        small, large = q.get(timeout=90)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    latency = small
+    bw = sizes[1] * 4 / max(large - latency, 1e-9)
+    return latency, bw
