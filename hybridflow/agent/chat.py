@@ -1,18 +1,18 @@
 """Chat-template arithmetic for agent loops: prompt ids, and the ids of a tool turn.
 
 A tool turn's ids are the template's own rendering of the tool message(s) followed by the
-generation prompt, found as the text the template adds when the tool messages are appended to a
-fixed conversation (prefix difference). Only that added text is encoded; the trajectory's earlier
-ids are never decoded and re-encoded.
+generation prompt: the text the template writes after an assistant message's content when tool
+messages follow it, in a fixed conversation (user, assistant with a sentinel content, tools). The
+difference with the conversation up to the assistant's content is what gets encoded; the
+trajectory's earlier ids are never decoded and re-encoded.
 
 Why a fixed conversation and not the tool messages alone: many templates (Qwen2/2.5) insert a
 default system prompt when the first message is not a system message, so templating the tool
-messages by themselves would put a second system prompt into the trajectory. With a prefix
-difference whatever the template puts before the conversation cancels out.
+messages by themselves would put a second system prompt into the trajectory.
 
 The glue between the assistant's last token and the tool turn (Qwen's "\\n" after <|im_end|>) is
-part of the template's closing of the assistant message; the generated ids already end with the
-stop token, so only the rest of the closing is added (``closing_after``).
+the rest of the template's closing of the assistant message; the generated ids already end with
+the stop token, so only the rest is added.
 """
 from __future__ import annotations
 
@@ -48,44 +48,47 @@ class ToolTurnTemplate:
     """Ids of tool turns for one tokenizer, tool list and template kwargs (build once, reuse).
 
     Raises ValueError at construction when the template cannot be used this way (it drops the
-    assistant's content, or appending a tool message rewrites what came before), so a bad
+    assistant's content, or cannot render a tool message after an assistant message), so a bad
     template fails before any trajectory runs.
     """
 
     def __init__(self, tokenizer, tools: list[dict] | None = None, template_kwargs: dict | None = None):
         self.tokenizer, self.tools, self.template_kwargs = tokenizer, tools, dict(template_kwargs or {})
         self.base = [{"role": "user", "content": "1"}, {"role": "assistant", "content": SENTINEL}]
-        self.base_text = render(tokenizer, self.base, tools, False, self.template_kwargs)
-        at = self.base_text.rfind(SENTINEL)
+        try:
+            self.turn_text([{"role": "tool", "content": "0"}])  # fails here, not mid-rollout
+        except ValueError:
+            raise
+        except Exception as e:  # jinja's errors, or the template's own raise_exception
+            raise ValueError(f"the chat template cannot render a tool message after an assistant message "
+                             f"({type(e).__name__}: {e}); the agent loop needs one that can") from None
+
+    def turn_text(self, tool_messages: list[dict]) -> str:
+        """What the template writes after an assistant message's content when ``tool_messages``
+        follow it: the rest of the assistant's closing, the tool turn and the generation prompt.
+
+        Only text after the assistant's content is used, so whatever the template puts before it
+        (a default system prompt, a rendering of earlier turns that depends on what follows, as
+        Qwen3's think blocks do) cannot leak into the tool turn.
+        """
+        full = render(self.tokenizer, self.base + tool_messages, self.tools, True, self.template_kwargs)
+        at = full.find(SENTINEL)
         if at < 0:
             raise ValueError("the chat template does not write an assistant message's content; the agent loop "
                              "needs a template that renders assistant and tool messages")
-        self.closing = self.base_text[at + len(SENTINEL):]
-        self.turn_text([{"role": "tool", "content": "0"}])  # fails here, not mid-rollout
-
-    def turn_text(self, tool_messages: list[dict]) -> str:
-        """The text the template adds for ``tool_messages`` plus the generation prompt."""
-        full = render(self.tokenizer, self.base + tool_messages, self.tools, True, self.template_kwargs)
-        if not full.startswith(self.base_text):
-            raise ValueError("the chat template rewrites earlier messages when a tool message follows, so tool "
-                             "turns cannot be appended token for token; use a template whose rendering of a "
-                             "conversation is a prefix of its rendering with more messages")
-        return full[len(self.base_text):]
-
-    def closing_after(self, last_token_text: str) -> str:
-        """The part of the template's assistant closing that the generated turn lacks.
-
-        The turn ended with a stop token: when the closing starts with it ("<|im_end|>" of
-        "<|im_end|>\\n"), the rest ("\\n"); when the model stopped on another token, the whole closing.
-        """
-        if last_token_text and self.closing.startswith(last_token_text):
-            return self.closing[len(last_token_text):]
-        return self.closing
+        return full[at + len(SENTINEL):]
 
     def ids(self, tool_texts: list[str], last_generated_id: int | None) -> list[int]:
-        """Ids to append after a generated turn (ending with ``last_generated_id``) for these tool results."""
+        """Ids to append after a generated turn (ending with ``last_generated_id``) for these tool results.
+
+        The turn ended with a stop token: when the template's closing starts with it (Qwen's
+        "<|im_end|>" of "<|im_end|>\\n"), only the rest is added; a model that stopped on another
+        token gets the whole closing.
+        """
+        text = self.turn_text([{"role": "tool", "content": t} for t in tool_texts])
         last = "" if last_generated_id is None else self.tokenizer.decode([last_generated_id], skip_special_tokens=False)
-        text = self.closing_after(last) + self.turn_text([{"role": "tool", "content": t} for t in tool_texts])
+        if last and text.startswith(last):
+            text = text[len(last):]
         return encode(self.tokenizer, text)
 
 

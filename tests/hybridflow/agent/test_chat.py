@@ -38,7 +38,7 @@ def test_appended_tool_turns_equal_the_whole_conversation_templated_at_once(tok,
     whole = render(tok, conversation, [SCHEMA], False)
     ours = tok.decode(ids, skip_special_tokens=False)
     # the whole conversation also closes the last assistant turn; the trajectory ends at its stop token
-    assert whole.startswith(ours) and whole[len(ours):] == template.closing_after(tok.eos_token)
+    assert whole.startswith(ours) and whole[len(ours):] == "\n"  # the closing after the stop token
     assert encode(tok, whole)[: len(ids)] == ids
 
 
@@ -51,9 +51,7 @@ def test_a_system_prompt_the_template_adds_appears_once(tok):
 def test_a_stop_token_other_than_the_closing_keeps_the_whole_closing():
     tok = char_tokenizer(CUSTOM)
     template = ToolTurnTemplate(tok, None)
-    assert template.closing == "</s>\n"
-    assert template.closing_after("</s>") == "\n"
-    assert template.closing_after("!") == "</s>\n"
+    assert tok.decode(template.ids(["5"], tok.eos_token_id)) == "\n<tool>5</s>\n<assistant>"
     assert tok.decode(template.ids(["5"], tok.encode("!")[0])) == "</s>\n<tool>5</s>\n<assistant>"
 
 
@@ -63,11 +61,22 @@ def test_a_template_that_drops_assistant_content_is_refused_at_construction():
         ToolTurnTemplate(tok, None)
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused_at_construction():
-    # writes the message count first: appending a message changes the beginning
-    tok = char_tokenizer("{{ messages|length }}{% for m in messages %}{{ m.content }}{% endfor %}")
-    with pytest.raises(ValueError, match="rewrites earlier messages"):
+def test_a_template_that_refuses_tool_messages_is_refused_at_construction():
+    tok = char_tokenizer("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}"
+                         "{% endif %}{{ m.content }}{% endfor %}")
+    with pytest.raises(ValueError, match="cannot render a tool message after an assistant message.*no tools here"):
         ToolTurnTemplate(tok, None)
+
+
+# Qwen3-like: the last assistant message gets an empty think block, earlier ones do not, so the
+# conversation up to the assistant is not a prefix of the conversation with the tool turn after it
+THINK_WHEN_LAST = ("{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and loop.last %}<think></think>"
+                   "{% endif %}{{ m.content }}</s>{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_template_that_renders_earlier_turns_by_what_follows_still_gives_the_tool_turn():
+    tok = char_tokenizer(THINK_WHEN_LAST)
+    assert tok.decode(ToolTurnTemplate(tok, None).ids(["7"], tok.eos_token_id)) == "\n<tool>7</s>\n<assistant>"
 
 
 @pytest.mark.parametrize("side, expected", [("left", "abcd...(truncated)"), ("right", "(truncated)...ghij"),
