@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from hybridflow.agent import chat
 from hybridflow.agent.tools.base import BaseTool
 
 
@@ -102,9 +103,7 @@ class AgentLoopBase:
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The chat template of the prompt with the tool schemas and the generation prompt."""
-        from hybridflow.agent.chat import prompt_ids
-
-        return prompt_ids(self.tokenizer, messages, self.tool_schemas(), self.settings.apply_chat_template_kwargs)
+        return chat.prompt_ids(self.tokenizer, messages, self.tool_schemas(), self.settings.apply_chat_template_kwargs)
 
     async def run(self, sampling_params: dict, **row) -> AgentLoopOutput:
         """One trajectory. ``row``: the data row's non-tensor columns (``raw_prompt`` (chat
