@@ -53,6 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-recompute", action="store_true", help="no activation checkpointing")
     p.add_argument("--one-step-off", action="store_true",
                    help="a separate rollout pool generates the next batch during training (off-policy by a step)")
+    p.add_argument("--placements", default=None,
+                   help="comma list of placements to consider: colocate,split,separate,standalone,async-rollout "
+                        "(default all; the runtime here runs colocate, separate, async-rollout)")
+    p.add_argument("--strategies", default=None, help="comma list of training layouts: fsdp,megatron (default both)")
     p.add_argument("--top", type=int, default=5, help="alternatives to print")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a = p.parse_args(argv)
@@ -169,7 +173,8 @@ def main(argv=None) -> int:
     except (KeyError, ValueError, OSError) as e:
         print(f"python -m hybridflow.placement: {e}", file=sys.stderr)
         return 2
-    r = plan(w, c)
+    split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip()) if v else None
+    r = plan(w, c, placements=split(a.placements), strategies=split(a.strategies))
     print(json.dumps(as_json(w, c, r, a.top)) if a.json else as_text(w, c, r, a.top))
     return 0 if r.best else 1
 

@@ -67,7 +67,8 @@ DEFAULT = Constants()
 # fp32 Adam moments 8 = 16, all sharded over fsdp_shard.
 FSDP_STATE = {"weights": 4, "grads": 4, "optimizer": 8}
 # Megatron with the distributed optimizer (Megatron-LM docs, "Distributed Optimizer": bf16 param +
-# fp32 grad = 6 bytes replicated, fp32 master + 2 moments = 12 bytes sharded over dp).
+# fp32 grad = 6 bytes replicated, fp32 master + 2 moments = 12 bytes sharded over dp). The weights
+# are stored in the training dtype (``param_bytes``; 2 for bf16).
 MEGATRON_STATE = {"weights": 2, "grads": 4, "optimizer": 12}
 
 
@@ -130,7 +131,7 @@ class Coster:
             return {"weights": p * b / shard, "grads": 0.0, "optimizer": 0.0}
         if lay.strategy == "megatron":
             st = MEGATRON_STATE
-            return {"weights": p * st["weights"], "grads": p * st["grads"],
+            return {"weights": p * b, "grads": p * st["grads"],
                     "optimizer": p * st["optimizer"] / lay.fsdp_shard}
         st = FSDP_STATE
         return {k: p * v / lay.fsdp_shard for k, v in st.items()}
@@ -205,13 +206,17 @@ class Coster:
         compute = per_mini * w.seq_len * fl_tok / (lay.tp * lay.pp) / (self.peak * self.k.train_eff)
         compute *= self._pp_factor(micro, lay.pp)
         act = w.micro_batch * w.seq_len * shape.hidden * w.param_bytes
-        tp_comm = micro * shape.layers / lay.pp * 2 * passes * self.all_reduce(act, lay.tp, lay.tp, lim)
+        # two all-reduces per layer in each forward (the recomputed one too) and two in backward
+        comm_passes = 3 if w.recompute else 2
+        tp_comm = micro * shape.layers / lay.pp * 2 * comm_passes * self.all_reduce(act, lay.tp, lay.tp, lim)
         p_dev = role_params(w, role) / (lay.tp * lay.pp)
         span = lay.dp * lay.tp * lay.pp
         if lay.strategy == "fsdp":
             shard = lay.fsdp_shard
-            # per micro-batch: gather params for forward and again for backward, reduce-scatter grads
-            dp = micro * 3 * self.all_gather(p_dev * w.param_bytes, shard, shard * lay.tp * lay.pp, lim)
+            # per micro-batch: gather bf16 params for forward and again for backward (FSDP2 reshards
+            # after forward), reduce-scatter fp32 grads (reduce_dtype float32, workers/engines/fsdp_layout.py)
+            group = (shard, shard * lay.tp * lay.pp, lim)
+            dp = micro * (2 * self.all_gather(p_dev * w.param_bytes, *group) + self.all_gather(p_dev * 4, *group))
             if lay.dp > shard:  # hybrid shard: all-reduce the shard's grads across replicas per update
                 dp += self.all_reduce(p_dev * 4 / shard, lay.dp // shard, span, lim)
             opt_params = p_dev / shard
@@ -280,6 +285,15 @@ def with_overrides(consts: Constants, overrides: dict | None) -> Constants:
 
 
 TRAINED = ("actor", "critic")
+
+
+def resident_bytes(mem: dict, lay: RoleLayout | None) -> float:
+    """What stays allocated between stages: weights and optimizer state; Megatron's fp32 gradient
+    buffer too (allocated once), while FSDP's gradients are freed by zero_grad(set_to_none)."""
+    out = mem["weights"] + mem["optimizer"]
+    if lay is not None and lay.strategy == "megatron":
+        out += mem["grads"]
+    return out
 
 
 def role_memory(coster: Coster, plan, role: str) -> dict:

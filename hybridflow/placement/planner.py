@@ -63,11 +63,13 @@ def _resolve(cluster: Cluster, calibration) -> tuple[Cluster, Constants]:
     raise TypeError(f"calibration must be a DeviceProfile or a dict, not {type(calibration).__name__}")
 
 
-def plan(workload: Workload, cluster: Cluster, calibration=None) -> PlanResult:
+def plan(workload: Workload, cluster: Cluster, calibration=None, placements=None, strategies=None) -> PlanResult:
+    """``placements``/``strategies`` restrict the space (see ``space.Space``), e.g. to what the
+    runtime runs: ``placements=("colocate", "separate", "async-rollout")``."""
     t0 = time.perf_counter()
     cluster, consts = _resolve(cluster, calibration)
     coster = Coster(workload, cluster, consts)
-    space = Space(coster)
+    space = Space(coster, placements, strategies)
     estimates, seen = [], set()
     for _name, p in space.plans():
         key = p.describe()
@@ -75,12 +77,13 @@ def plan(workload: Workload, cluster: Cluster, calibration=None) -> PlanResult:
             continue
         seen.add(key)
         estimates.append(simulate(p, coster))
-    estimates.sort(key=lambda e: (not e.feasible, e.step_s if e.feasible else e.peak))
+    # ties in step time (layouts that differ only in memory) go to the plan that needs less memory
+    estimates.sort(key=lambda e: (not e.feasible, e.step_s if e.feasible else 0.0, e.peak))
     stats = dict(space.stats, plans_simulated=len(estimates),
                  feasible=sum(e.feasible for e in estimates))
     return PlanResult(estimates, time.perf_counter() - t0, stats)
 
 
-def plan_all(workload: Workload, cluster: Cluster, calibration=None) -> list[Estimate]:
+def plan_all(workload: Workload, cluster: Cluster, calibration=None, **restrict) -> list[Estimate]:
     """Every simulated plan: feasible ones fastest first, then the infeasible with their reasons."""
-    return plan(workload, cluster, calibration).estimates
+    return plan(workload, cluster, calibration, **restrict).estimates

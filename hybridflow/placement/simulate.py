@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from hybridflow.placement.cost import TRAINED, Coster, role_memory
+from hybridflow.placement.cost import TRAINED, Coster, resident_bytes, role_memory
 from hybridflow.placement.plans import Estimate, Plan, Pool
 
 GiB = 2 ** 30
@@ -28,12 +28,13 @@ def _gib(x: float) -> str:
 def pool_memory(coster: Coster, plan: Plan, pool: Pool) -> tuple[float, str, float, dict]:
     """(peak bytes per device, reason if it does not fit else "", KV bytes free for generation,
     role -> memory dict). Resident on a pool: every role's weights and optimizer state; transient,
-    one stage at a time: a trained role's gradients + activations, an inference role's activations,
+    one stage at a time: a trained role's gradients (FSDP; Megatron's stay resident) + activations,
+    an inference role's activations,
     or generation's extra weights + KV cache (at least one full-length sequence)."""
     k, dev = coster.k, coster.c.device
     usable = dev.mem_bytes * k.mem_usable
     mems = {r: role_memory(coster, plan, r) for r in pool.roles}
-    resident = {r: m["weights"] + m["optimizer"] for r, m in mems.items()}
+    resident = {r: resident_bytes(m, plan.layouts.get(r)) for r, m in mems.items()}
     res_total = sum(resident.values())
     transients = []  # (label, bytes needed at least, bytes used, parts)
     for r in pool.roles:
@@ -44,7 +45,10 @@ def pool_memory(coster: Coster, plan: Plan, pool: Pool) -> tuple[float, str, flo
             transients.append(("generation (rollout pool)", kv_min, min(m["kv_cache"], max(kv_free, kv_min)),
                                f"KV cache for one {coster.w.seq_len}-token sequence {_gib(kv_min)}"))
             continue
-        if r in TRAINED:
+        if r in TRAINED and plan.layouts[r].strategy == "megatron":
+            t = m["activations"]
+            transients.append((f"{r} update", t, t, f"activations {_gib(t)}"))
+        elif r in TRAINED:
             t = m["grads"] + m["activations"]
             transients.append((f"{r} update", t, t,
                                f"grads {_gib(m['grads'])} + activations {_gib(m['activations'])}"))
@@ -75,7 +79,7 @@ def pool_memory(coster: Coster, plan: Plan, pool: Pool) -> tuple[float, str, flo
         if res_total + need > usable:
             res_parts = ", ".join(f"{r} {_gib(v)}" for r, v in resident.items())
             reason = (f"{label} on pool {pool.name}: needs {_gib(res_total + need)} GiB/device (resident "
-                      f"weights+optimizer: {res_parts}; {parts}) > {_gib(usable)} GiB usable "
+                      f"state: {res_parts}; {parts}) > {_gib(usable)} GiB usable "
                       f"({k.mem_usable:.0%} of {dev.mem_bytes / 1e9:.0f} GB {dev.name})")
             return max(peak, res_total + need), reason, kv_free, mems
     return peak, "", kv_free, mems

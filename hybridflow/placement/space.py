@@ -26,7 +26,7 @@ import itertools
 import math
 from functools import lru_cache
 
-from hybridflow.placement.cost import TRAINED, Coster
+from hybridflow.placement.cost import TRAINED, Coster, resident_bytes
 from hybridflow.placement.plans import Plan, Pool, RoleLayout
 from hybridflow.placement.simulate import pool_memory
 
@@ -80,8 +80,13 @@ def _pareto(items: list, keys) -> list:
 class Space:
     """Enumerates plans for one workload on one cluster, caching each role's costs per pool shape."""
 
-    def __init__(self, coster: Coster):
+    def __init__(self, coster: Coster, placements=None, strategies=None):
+        """``placements``: the placement names to consider (default all: colocate, split, separate,
+        standalone, async-rollout); ``strategies``: training layouts to consider (fsdp, megatron).
+        The runtime here runs colocate, separate and async-rollout (trainer.placement=auto asks for those)."""
         self.k = coster
+        self.only = set(placements) if placements else None
+        self.strategies = set(strategies) if strategies else None
         self.stats = {"layouts_costed": 0, "pool_combos_checked": 0, "allocations": 0}
         self._role_cache = {}
 
@@ -120,10 +125,13 @@ class Space:
         k, rows = self.k, []
         trained = role in TRAINED
         for lay in role_layouts(k, role, pool):
+            if self.strategies and lay.strategy not in self.strategies:
+                continue
             self.stats["layouts_costed"] += 1
             sec = k.forward_s(role, lay, pool) + (k.train_s(role, lay, pool) if trained else 0.0)
             st = k.state_bytes(role, lay, trained)
-            rows.append((lay, sec, st["weights"] + st["optimizer"], st["grads"] + k.activation_bytes(role, lay, trained)))
+            res = resident_bytes(st, lay)
+            rows.append((lay, sec, res, sum(st.values()) - res + k.activation_bytes(role, lay, trained)))
         front = _pareto(rows, (lambda r: r[1], lambda r: r[2], lambda r: r[3]))
         front.sort(key=lambda r: r[1])
         keep = front[:KEEP_LAYOUTS]
@@ -181,6 +189,8 @@ class Space:
     def plans(self):
         """Every (placement name, Plan) that goes on to the full simulation."""
         for name, pools, sep in self.placements():
+            if self.only and name not in self.only:
+                continue
             self.stats["allocations"] += 1
             per_pool = [self.pool_combos(p, sep) for p in pools]
             for choice in itertools.product(*per_pool):

@@ -34,3 +34,12 @@ def test_calibration_overrides_change_the_prediction():
     base = plan_all(w, c)[0]
     slow = plan_all(w, c, {"train_eff": 0.1, "forward_eff": 0.1})[0]
     assert slow.step_s > base.step_s
+
+
+def test_restricting_to_the_runtime_placements_and_fsdp():
+    w, c = Workload(actor=B7, critic=B7, reward_model=B7, prompts=64), Cluster(2, 8, H100_SXM)
+    r = plan(w, c, placements=("colocate", "separate", "async-rollout"), strategies=("fsdp",))
+    assert r.feasible
+    for e in r.estimates:
+        assert e.plan.placement in ("colocate", "separate", "colocate+async-rollout")
+        assert all(lay.strategy == "fsdp" for lay in e.plan.layouts.values())
