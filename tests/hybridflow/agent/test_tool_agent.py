@@ -196,7 +196,7 @@ def test_long_tool_text_is_truncated_to_max_tool_response_length():
     assert out.extra_fields["tool_outputs"] == ["1000000000...(truncated)"]
 
 
-def test_a_plain_string_prompt_and_unknown_format_or_template():
+def test_a_plain_string_prompt_is_one_user_message_and_an_unknown_format_is_refused():
     tok = char_tokenizer(CUSTOM)
     server = ScriptedServer(tok, ["hi"])
     out = run(ToolAgentLoop(server, tok, AgentSettings(), {}), prompt="hello")
