@@ -142,7 +142,7 @@ def as_text(w: Workload, c: Cluster, r: PlanResult, top: int) -> str:
         lines.append("no plan fits: every candidate runs out of device memory")
     else:
         stages = ", ".join(f"{k} {v:.1f}" for k, v in best.stages.items() if k != "decode_batch_per_replica")
-        lines += [f"chosen: {best.plan.describe()}",
+        lines += [f"chosen: {best.plan.describe()}" + ("" if best.plan.runnable_here else " *"),
                   f"  predicted step {best.step_s:.1f} s ({stages}; decode batch per replica "
                   f"{best.stages.get('decode_batch_per_replica')})",
                   "  peak memory per device: " + ", ".join(f"{p} {b / GiB:.1f} GiB" for p, b in best.peak_bytes.items()),
@@ -152,8 +152,12 @@ def as_text(w: Workload, c: Cluster, r: PlanResult, top: int) -> str:
             lines.append(f"alternatives (best of each placement and allocation):")
             lines.append(f"  {'step s':>8} {'x best':>7} {'peak GiB':>8}  plan")
             for e in alts:
-                lines.append(f"  {e.step_s:8.1f} {e.step_s / best.step_s:7.2f} {e.peak / GiB:8.1f}  {e.plan.describe()}")
+                mark = "" if e.plan.runnable_here else " *"
+                lines.append(f"  {e.step_s:8.1f} {e.step_s / best.step_s:7.2f} {e.peak / GiB:8.1f}  {e.plan.describe()}{mark}")
             lines.append("")
+        if not all(e.plan.runnable_here for e in [best] + alts):
+            lines += ["* the paper's placement, planned but not built in this runtime (it runs colocate, separate,",
+                      "  async-rollout; --placements colocate,separate,async-rollout plans only those)", ""]
     rej = r.rejected_by_reason()
     if rej:
         lines.append(f"rejected ({sum(rej.values())} plans, by what did not fit):")

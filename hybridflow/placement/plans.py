@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ROLES = ("actor", "ref", "critic", "reward_model")
+RUNTIME_PLACEMENTS = ("colocate", "separate", "colocate+async-rollout")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ class Plan:
             kind = "+".join("|".join(p.roles) for p in train)
         return kind + ("+async-rollout" if self.separate_rollout else "")
 
+    @property
+    def runnable_here(self) -> bool:
+        """Whether this runtime has the placement (trainer.placement=colocate|separate,
+        hybrid_engine=false); split and standalone are the paper's, planned but not built here."""
+        return self.placement in RUNTIME_PLACEMENTS
+
     def describe(self) -> str:
         parts = []
         for p in self.pools:
@@ -98,7 +105,8 @@ class Plan:
 
     def to_dict(self) -> dict:
         lay = lambda l: dict(tp=l.tp, pp=l.pp, dp=l.dp, fsdp_shard=l.fsdp_shard, strategy=l.strategy)
-        return {"placement": self.placement, "separate_rollout": self.separate_rollout,
+        return {"placement": self.placement, "runnable_here": self.runnable_here,
+                "separate_rollout": self.separate_rollout,
                 "pools": [{"name": p.name, "slots": p.slots, "roles": list(p.roles), "per_node": p.per_node}
                           for p in self.pools],
                 "layouts": {r: lay(l) for r, l in self.layouts.items()}, "rollout": lay(self.rollout),

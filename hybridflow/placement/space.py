@@ -52,8 +52,8 @@ def role_layouts(coster: Coster, role: str, pool: Pool) -> list[RoleLayout]:
             continue
         for pp in _divisors(n // tp):
             if pp <= MAX_PP and shape.layers % pp == 0 and tp * pp > 1:
-                dp = n // (tp * pp)
-                out.add(RoleLayout(tp, pp, dp, dp, "megatron"))
+                dp = n // (tp * pp)  # trained roles shard the optimizer over dp; inference roles have none
+                out.add(RoleLayout(tp, pp, dp, dp if role in TRAINED else 1, "megatron"))
     return sorted(out, key=lambda l: (l.strategy, l.tp, l.pp, l.fsdp_shard))
 
 
