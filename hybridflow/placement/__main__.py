@@ -141,10 +141,10 @@ def as_text(w: Workload, c: Cluster, r: PlanResult, top: int) -> str:
     if best is None:
         lines.append("no plan fits: every candidate runs out of device memory")
     else:
-        stages = ", ".join(f"{k} {v:.1f}" for k, v in best.stages.items() if k != "decode_batch_per_replica")
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in best.stages.items())
         lines += [f"chosen: {best.plan.describe()}" + ("" if best.plan.runnable_here else " *"),
                   f"  predicted step {best.step_s:.1f} s ({stages}; decode batch per replica "
-                  f"{best.stages.get('decode_batch_per_replica')})",
+                  f"{best.extra.get('decode_batch_per_replica')})",
                   "  peak memory per device: " + ", ".join(f"{p} {b / GiB:.1f} GiB" for p, b in best.peak_bytes.items()),
                   "  per role (GiB/device): " + _mem_line(best), ""]
         alts = alternatives(r, top)[1:]

@@ -30,8 +30,9 @@ class Constants:
     # Forward-only passes (log-probs, values, reward scores, prefill): same GEMMs, no backward, larger
     # batches; assumed slightly better than training.
     forward_eff: float = 0.6
-    # Decode is memory-bound: each step reads the weights and the KV cache once. vLLM's decode reaches
-    # roughly 60-80% of HBM bandwidth at large batch (vLLM/TensorRT-LLM roofline comparisons); 0.7.
+    # Decode is memory-bound: each step reads the weights and the KV cache once. An assumption to
+    # calibrate: well-tuned decode kernels (vLLM's paged attention, cuBLAS GEMV-like GEMMs) are
+    # commonly measured at 60-80% of the HBM datasheet bandwidth; 0.7.
     decode_bw_eff: float = 0.7
     # When a decode batch is large enough to be compute-bound, its small GEMMs run below prefill's.
     decode_flops_eff: float = 0.4

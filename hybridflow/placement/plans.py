@@ -128,6 +128,7 @@ class Estimate:
     reason: str = ""
     peak_bytes: dict = field(default_factory=dict)
     timeline: list = field(default_factory=list)  # (stage, pool, start_s, end_s)
+    extra: dict = field(default_factory=dict)  # e.g. decode_batch_per_replica
 
     @property
     def peak(self) -> float:
@@ -137,7 +138,7 @@ class Estimate:
         return {"plan": self.plan.to_dict(), "step_s": self.step_s, "feasible": self.feasible,
                 "reason": self.reason, "stages": self.stages, "peak_bytes": self.peak_bytes,
                 "memory": self.memory,
-                "timeline": [list(t) for t in self.timeline]}
+                "timeline": [list(t) for t in self.timeline], "extra": self.extra}
 
 
 def enumerate_plans(workload, cluster) -> list:

@@ -137,7 +137,7 @@ def simulate(plan: Plan, coster: Coster) -> Estimate:
     else:
         step = max(end for *_, end in timeline)
     est = Estimate(plan, step, {name: sec for name, _, sec, _ in stages}, memory, True, "", peaks, timeline)
-    est.stages["decode_batch_per_replica"] = batch
+    est.extra["decode_batch_per_replica"] = batch
     return est
 
 
