@@ -92,8 +92,18 @@ class Coster:
     """The cost model for one workload on one cluster (constants overridable)."""
 
     def __init__(self, workload: Workload, cluster: Cluster, consts: Constants = DEFAULT):
+        dtype = "bf16" if workload.param_bytes == 2 else "fp32"
+        m = cluster.device.measured or {}
+        if m.get("collective_latency_s") is not None:
+            consts = replace(consts, latency_intra_s=m["collective_latency_s"], latency_inter_s=m["collective_latency_s"])
         self.w, self.c, self.k = workload, cluster, consts
-        self.peak = cluster.device.flops_for("bf16" if workload.param_bytes == 2 else "fp32")
+        self.peak = cluster.device.flops_for(dtype)
+        # A calibrated profile's achieved rates replace peak x efficiency (they already hold attention,
+        # norms and the optimizer at the measured sizes, so FLOPs are then counted as 2N / 6N a token).
+        self.m_fwd = (m.get("fwd_flops") or {}).get(dtype)
+        self.m_train = (m.get("train_flops") or {}).get(dtype)
+        self.m_decode = (m.get("decode_flops") or {}).get(dtype)
+        self.m_step = (m.get("decode_step_s_by_dtype") or {}).get(dtype, m.get("decode_step_s"))
 
     # ---- communication -------------------------------------------------------------------------
     def link(self, span: int, limit: int) -> tuple[float, float]:
@@ -121,6 +131,19 @@ class Coster:
         mean causal context of a token."""
         shape = self.w.model_of(role)
         return 2 * role_params(self.w, role) + 4 * shape.layers * shape.hidden * ctx
+
+    def _fwd_s_per_token(self, role: str, ctx: float) -> float:
+        """Seconds of one device for one token's forward (the measured rate, or peak x efficiency)."""
+        if self.m_fwd:
+            return 2 * role_params(self.w, role) / self.m_fwd
+        return self.fwd_flops_per_token(role, ctx) / (self.peak * self.k.forward_eff)
+
+    def _train_s_per_token(self, role: str, ctx: float) -> float:
+        """Forward + backward (+ recompute) of one token: 6P (8P) FLOPs, or the measured step rate."""
+        if self.m_train:
+            return 6 * role_params(self.w, role) / self.m_train
+        passes = 4 if self.w.recompute else 3  # forward + backward (2x) [+ recomputed forward]
+        return passes * self.fwd_flops_per_token(role, ctx) / (self.peak * self.k.train_eff)
 
     # ---- memory ----------------------------------------------------------------------------------
     def state_bytes(self, role: str, lay: RoleLayout, trained: bool) -> dict:
@@ -186,8 +209,8 @@ class Coster:
         w, shape, lim = self.w, self.w.model_of(role), intra_limit(pool, self.c)
         seqs = math.ceil(w.sequences / lay.dp)
         micro = max(1, math.ceil(seqs / w.micro_batch))
-        flops = seqs * w.seq_len * self.fwd_flops_per_token(role, w.seq_len / 2) / (lay.tp * lay.pp)
-        compute = flops / (self.peak * self.k.forward_eff) * self._pp_factor(micro, lay.pp)
+        compute = seqs * w.seq_len * self._fwd_s_per_token(role, w.seq_len / 2) / (lay.tp * lay.pp)
+        compute *= self._pp_factor(micro, lay.pp)
         act = w.micro_batch * w.seq_len * shape.hidden * w.param_bytes
         tp_comm = micro * shape.layers / lay.pp * 2 * self.all_reduce(act, lay.tp, lay.tp, lim)
         dp_comm = 0.0
@@ -202,9 +225,7 @@ class Coster:
         w, shape, lim = self.w, self.w.model_of(role), intra_limit(pool, self.c)
         per_mini = math.ceil(w.sequences / w.mini_batches / lay.dp)
         micro = max(1, math.ceil(per_mini / w.micro_batch))
-        passes = 4 if w.recompute else 3  # forward + backward (2x) [+ recomputed forward]
-        fl_tok = passes * self.fwd_flops_per_token(role, w.seq_len / 2)
-        compute = per_mini * w.seq_len * fl_tok / (lay.tp * lay.pp) / (self.peak * self.k.train_eff)
+        compute = per_mini * w.seq_len * self._train_s_per_token(role, w.seq_len / 2) / (lay.tp * lay.pp)
         compute *= self._pp_factor(micro, lay.pp)
         act = w.micro_batch * w.seq_len * shape.hidden * w.param_bytes
         # two all-reduces per layer in each forward (the recomputed one too) and two in backward
@@ -225,7 +246,8 @@ class Coster:
             # distributed optimizer: reduce-scatter grads, all-gather updated params, once per update
             dp = 2 * self.all_gather(p_dev * w.param_bytes, lay.dp, span, lim)
             opt_params = p_dev / lay.fsdp_shard
-        optimizer = opt_params * self.k.optimizer_bytes_per_param / self.c.device.mem_bw
+        # (a measured training rate already holds the optimizer step)
+        optimizer = 0.0 if self.m_train else opt_params * self.k.optimizer_bytes_per_param / self.c.device.mem_bw
         one = compute + tp_comm + max(0.0, dp - self.k.dp_overlap * compute) + optimizer
         return w.ppo_epochs * w.mini_batches * one
 
@@ -242,15 +264,17 @@ class Coster:
         waves = math.ceil(seqs / batch)
         lim = intra_limit(pool, self.c)
         ar = lambda nbytes: self.all_reduce(nbytes, tp, tp, lim)
-        prefill_fl = batch * w.prompt_len * self.fwd_flops_per_token("actor", w.prompt_len / 2) / tp
-        prefill = prefill_fl / (self.peak * k.forward_eff) + \
+        prefill = batch * w.prompt_len * self._fwd_s_per_token("actor", w.prompt_len / 2) / tp + \
             shape.layers * 2 * ar(batch * w.prompt_len * shape.hidden * w.param_bytes)
         ctx = w.prompt_len + w.response_len / 2
-        kv_read = batch * self.kv_per_seq(tp) * ctx / w.seq_len
-        mem_t = (self.gen_weight_bytes(tp) + kv_read) / (self.c.device.mem_bw * k.decode_bw_eff)
-        fl_t = batch * self.fwd_flops_per_token("actor", ctx) / tp / (self.peak * k.decode_flops_eff)
-        step = max(mem_t, fl_t) + shape.layers * 2 * ar(batch * shape.hidden * w.param_bytes) \
-            + k.decode_step_overhead_s
+        comm = shape.layers * 2 * ar(batch * shape.hidden * w.param_bytes)
+        if self.m_decode:  # measured: a fixed cost a step + a cost a sequence (calibrate.decode_cost)
+            step = (self.m_step or 0.0) + batch * 2 * role_params(w, "actor") / tp / self.m_decode + comm
+        else:
+            kv_read = batch * self.kv_per_seq(tp) * ctx / w.seq_len
+            mem_t = (self.gen_weight_bytes(tp) + kv_read) / (self.c.device.mem_bw * k.decode_bw_eff)
+            fl_t = batch * self.fwd_flops_per_token("actor", ctx) / tp / (self.peak * k.decode_flops_eff)
+            step = max(mem_t, fl_t) + comm + k.decode_step_overhead_s
         return waves * (prefill + w.response_len * step), batch
 
     def reshard_s(self, lay: RoleLayout, rollout: RoleLayout, pool: Pool) -> float:

@@ -9,7 +9,7 @@ across nodes at once (the case of every collective that spans nodes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GB = 1e9
 GiB = 2 ** 30
@@ -24,6 +24,10 @@ class DeviceProfile:
     intra_node_bw: float  # per device, one direction, bytes/s
     inter_node_bw: float  # per device, one direction, bytes/s
     source: str = ""
+    # Achieved rates of the machine in hand (calibrate.py), which the cost model prefers to peak x
+    # efficiency: fwd_flops / train_flops / decode_flops {dtype: FLOP/s of 2N, 6N, 2N a token},
+    # decode_step_s (fixed seconds a decode step), collective_latency_s. Empty for datasheets.
+    measured: dict = field(default_factory=dict, compare=False, hash=False)
 
     def flops_for(self, dtype: str) -> float:
         if dtype in self.flops:

@@ -1,4 +1,6 @@
 """Memory arithmetic on hand-checked cases, and the cost model's direction of effects."""
+import dataclasses
+
 import pytest
 
 from hybridflow.placement.cost import Coster, memory, role_params
@@ -70,3 +72,17 @@ def test_generation_batch_is_capped_by_free_kv_memory():
     pool = Pool("main", 8, ("actor",))
     _, batch = k.generate_s(RoleLayout(1, 1, 8, 1, "vllm"), 10 * 2 ** 30, pool)
     assert batch == 10  # 10 GiB free, 1 GiB per full-length sequence: 10 at a time, 128 in 13 waves
+
+
+def test_a_calibrated_profile_uses_its_measured_rates():
+    dev = dataclasses.replace(H100_SXM, measured={"fwd_flops": {"bf16": 1e12}, "train_flops": {"bf16": 5e11},
+                                                  "decode_flops": {"bf16": 2e12}, "decode_step_s": 0.01})
+    w = Workload(actor=CATALOG["llama-2-7b"], reference=False, prompts=4, prompt_len=8, response_len=8)
+    k = Coster(w, Cluster(1, 1, dev))
+    one = Pool("main", 1, ("actor",))
+    lay = RoleLayout(1, 1, 1, 1, "fsdp")
+    assert k.forward_s("actor", lay, one) == pytest.approx(4 * 16 * 2 * P7 / 1e12)
+    assert k.train_s("actor", lay, one) == pytest.approx(4 * 16 * 6 * P7 / 5e11)
+    gen, batch = k.generate_s(RoleLayout(1, 1, 1, 1, "vllm"), 1e12, one)
+    assert batch == 4
+    assert gen == pytest.approx(4 * 8 * 2 * P7 / 1e12 + 8 * (0.01 + 4 * 2 * P7 / 2e12))
