@@ -112,7 +112,7 @@ def simulate(plan: Plan, coster: Coster) -> Estimate:
         stages.append(("generate", (actor_pool.name,), gen_s, ("reshard",)))
     post = []
     for name, role in (("reward", "reward_model"), ("old_log_prob", "actor"), ("ref", "ref"), ("values", "critic")):
-        if role in plan.layouts:
+        if role in plan.layouts and (name != "old_log_prob" or w.old_log_prob):
             pool = plan.pool_of(role)
             stages.append((name, (pool.name,), coster.forward_s(role, plan.layouts[role], pool), ("generate",)))
             post.append(name)

@@ -128,7 +128,8 @@ class Space:
             if self.strategies and lay.strategy not in self.strategies:
                 continue
             self.stats["layouts_costed"] += 1
-            sec = k.forward_s(role, lay, pool) + (k.train_s(role, lay, pool) if trained else 0.0)
+            fwd = role != "actor" or k.w.old_log_prob  # the actor's forward is pi_old's recompute
+            sec = (k.forward_s(role, lay, pool) if fwd else 0.0) + (k.train_s(role, lay, pool) if trained else 0.0)
             st = k.state_bytes(role, lay, trained)
             res = resident_bytes(st, lay)
             rows.append((lay, sec, res, sum(st.values()) - res + k.activation_bytes(role, lay, trained)))

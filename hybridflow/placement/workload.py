@@ -95,7 +95,8 @@ class Workload:
     ``one_step_off``: a plan with a rollout pool of its own generates the next batch while this one
     trains (verl's one-step-off policy, ``async_training.staleness_threshold=1``: off-policy by a
     step, so it is opt-in); False (default): the pools take turns (staleness 0, on-policy, the
-    same algorithm as the colocated plans).
+    same algorithm as the colocated plans). ``old_log_prob``: the actor recomputes pi_old after
+    generation (False where the run skips it: strictly on policy, or the sampler's log-probs used).
     """
 
     actor: ModelShape
@@ -113,6 +114,7 @@ class Workload:
     micro_batch: int = 2
     recompute: bool = True
     one_step_off: bool = False
+    old_log_prob: bool = True
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property

@@ -70,3 +70,11 @@ def test_infeasible_plan_names_the_role_and_the_numbers():
     assert not est.feasible and est.step_s == float("inf")
     assert est.reason.startswith("actor update on pool main: needs ")
     assert "> 67.1 GiB usable (90% of 80 GB h100)" in est.reason
+
+
+def test_old_log_prob_stage_is_skipped_when_the_run_skips_it():
+    plan = Plan((Pool("main", 16, ROLES),), {r: FSDP16 for r in ROLES}, RoleLayout(2, 1, 8, 1, "vllm"))
+    with_it = simulate(plan, Coster(W, CLUSTER))
+    without = simulate(plan, Coster(dataclasses.replace(W, old_log_prob=False), CLUSTER))
+    assert "old_log_prob" in with_it.stages and "old_log_prob" not in without.stages
+    assert without.step_s == pytest.approx(with_it.step_s - with_it.stages["old_log_prob"])
