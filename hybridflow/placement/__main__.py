@@ -54,8 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--one-step-off", action="store_true",
                    help="a separate rollout pool generates the next batch during training (off-policy by a step)")
     p.add_argument("--placements", default=None,
-                   help="comma list of placements to consider: colocate,split,separate,standalone,async-rollout "
-                        "(default all; the runtime here runs colocate, separate, async-rollout)")
+                   help="comma list of placements to consider: colocate,split,separate,rm-pool,standalone,"
+                        "async-rollout (default all; the runtime here runs all but split and standalone)")
     p.add_argument("--strategies", default=None, help="comma list of training layouts: fsdp,megatron (default both)")
     p.add_argument("--top", type=int, default=5, help="alternatives to print")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -157,7 +157,7 @@ def as_text(w: Workload, c: Cluster, r: PlanResult, top: int) -> str:
             lines.append("")
         if not all(e.plan.runnable_here for e in [best] + alts):
             lines += ["* the paper's placement, planned but not built in this runtime (it runs colocate, separate,",
-                      "  async-rollout; --placements colocate,separate,async-rollout plans only those)", ""]
+                      "  rm-pool, async-rollout; --placements colocate,separate,rm-pool,async-rollout plans only those)", ""]
     rej = r.rejected_by_reason()
     if rej:
         lines.append(f"rejected ({sum(rej.values())} plans, by what did not fit):")

@@ -65,7 +65,7 @@ def _resolve(cluster: Cluster, calibration) -> tuple[Cluster, Constants]:
 
 def plan(workload: Workload, cluster: Cluster, calibration=None, placements=None, strategies=None) -> PlanResult:
     """``placements``/``strategies`` restrict the space (see ``space.Space``), e.g. to what the
-    runtime runs: ``placements=("colocate", "separate", "async-rollout")``."""
+    runtime runs: ``placements=("colocate", "separate", "rm-pool", "async-rollout")``."""
     t0 = time.perf_counter()
     cluster, consts = _resolve(cluster, calibration)
     coster = Coster(workload, cluster, consts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ROLES = ("actor", "ref", "critic", "reward_model")
-RUNTIME_PLACEMENTS = ("colocate", "separate", "colocate+async-rollout")
+RUNTIME_PLACEMENTS = ("colocate", "separate", "colocate+rm-pool", "separate+rm-pool", "colocate+async-rollout")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,21 @@ class Pool:
     per_node: int = 0
 
 
+def _kind(train: list) -> str:
+    if len(train) == 1:
+        return "colocate"
+    if len(train) >= 3 and all(len(p.roles) == 1 for p in train):
+        return "standalone"
+    own_rm = [p for p in train if p.roles == ("reward_model",)]
+    if own_rm:
+        return _kind([p for p in train if p is not own_rm[0]]) + "+rm-pool"
+    if len(train) == 2 and set(train[0].roles) <= {"actor", "ref"} and "ref" not in train[1].roles:
+        return "split"
+    if len(train) == 2 and train[0].roles == ("actor",):
+        return "separate"  # the runtime's trainer.placement=separate: actor | ref, critic, RM
+    return "+".join("|".join(p.roles) for p in train)
+
+
 @dataclass(frozen=True)
 class Plan:
     """``separate_rollout``: generation runs on a pool of its own (pool name "rollout", role
@@ -71,24 +86,16 @@ class Plan:
     @property
     def placement(self) -> str:
         """HybridFlow's names: colocate (one pool), split (actor+ref | critic+RM), standalone (each
-        model its own pool); separate (actor | the rest, the runtime's); else named by its pools."""
-        train = [p for p in self.pools if p.name != "rollout"]
-        if len(train) == 1:
-            kind = "colocate"
-        elif all(len(p.roles) == 1 for p in train):
-            kind = "standalone"
-        elif len(train) == 2 and set(train[0].roles) <= {"actor", "ref"} and "ref" not in train[1].roles:
-            kind = "split"
-        elif len(train) == 2 and train[0].roles == ("actor",):
-            kind = "separate"  # the runtime's trainer.placement=separate: actor | ref, critic, RM
-        else:
-            kind = "+".join("|".join(p.roles) for p in train)
+        model its own pool); separate (actor | the rest, the runtime's); "+rm-pool" where the reward
+        model has a pool of its own (reward_model.enable_resource_pool); else named by its pools."""
+        kind = _kind([p for p in self.pools if p.roles != ("rollout",)])
         return kind + ("+async-rollout" if self.separate_rollout else "")
 
     @property
     def runnable_here(self) -> bool:
-        """Whether this runtime has the placement (trainer.placement=colocate|separate,
-        hybrid_engine=false); split and standalone are the paper's, planned but not built here."""
+        """Whether this runtime has the placement (trainer.placement=colocate|separate, optionally
+        reward_model.enable_resource_pool; or hybrid_engine=false); split and standalone are the
+        paper's, planned but not built here."""
         return self.placement in RUNTIME_PLACEMENTS
 
     def describe(self) -> str:

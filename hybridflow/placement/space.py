@@ -2,9 +2,10 @@
 
 Placements: **colocate** (every role on all devices); **split** (actor+ref | critic+reward model,
 the paper's); **separate** (actor | ref+critic+reward model, split on every node, what
-``trainer.placement=separate`` runs); **standalone** (each model a pool of its own); and
-**async-rollout** (generation on a pool of its own, the trainer roles colocated on the rest:
-``actor_rollout_ref.hybrid_engine=false``). Pool sizes are whole nodes on several nodes, any split
+``trainer.placement=separate`` runs); **rm-pool** (the reward model on a pool of its own,
+``reward_model.enable_resource_pool``, the rest colocated or separate); **standalone** (each model a
+pool of its own); and **async-rollout** (generation on a pool of its own, the trainer roles
+colocated on the rest: ``actor_rollout_ref.hybrid_engine=false``). Pool sizes are whole nodes on several nodes, any split
 on one node (Algorithm 1 enumerates allocations the same way).
 
 Per role and pool size, the layouts: FSDP (sharded over the pool, within a node, or replicated) and
@@ -82,8 +83,9 @@ class Space:
 
     def __init__(self, coster: Coster, placements=None, strategies=None):
         """``placements``: the placement names to consider (default all: colocate, split, separate,
-        standalone, async-rollout); ``strategies``: training layouts to consider (fsdp, megatron).
-        The runtime here runs colocate, separate and async-rollout (trainer.placement=auto asks for those)."""
+        rm-pool, standalone, async-rollout); ``strategies``: training layouts to consider (fsdp, megatron).
+        The runtime here runs colocate, separate, rm-pool and async-rollout (trainer.placement=auto asks
+        for those)."""
         self.k = coster
         self.only = set(placements) if placements else None
         self.strategies = set(strategies) if strategies else None
@@ -108,6 +110,19 @@ class Space:
             for s in range(1, spn):
                 yield "separate", (Pool("main", c.nodes * (spn - s), ("actor",), spn - s if c.nodes > 1 else 0),
                                    Pool("side", c.nodes * s, side, s if c.nodes > 1 else 0)), False
+        if "reward_model" in roles and len(roles) > 1:  # reward_model.enable_resource_pool
+            rest = tuple(r for r in roles if r != "reward_model")
+            for r in sizes:
+                yield "rm-pool", (Pool("main", total - r, rest), Pool("reward", r, ("reward_model",))), False
+            side = tuple(x for x in rest if x != "actor")
+            if side and spn > 1:  # ... beside trainer.placement=separate on the other slots
+                for r in sizes:
+                    nodes = (total - r) // spn if c.nodes > 1 else 1
+                    per = spn if c.nodes > 1 else total - r
+                    for s in range(1, per):
+                        yield "rm-pool", (Pool("main", nodes * (per - s), ("actor",), per - s if c.nodes > 1 else 0),
+                                          Pool("side", nodes * s, side, s if c.nodes > 1 else 0),
+                                          Pool("reward", r, ("reward_model",))), False
         if len(roles) >= 3:
             units = total // step
             for cuts in itertools.combinations(range(1, units), len(roles) - 1):

@@ -38,8 +38,10 @@ def test_calibration_overrides_change_the_prediction():
 
 def test_restricting_to_the_runtime_placements_and_fsdp():
     w, c = Workload(actor=B7, critic=B7, reward_model=B7, prompts=64), Cluster(2, 8, H100_SXM)
-    r = plan(w, c, placements=("colocate", "separate", "async-rollout"), strategies=("fsdp",))
+    r = plan(w, c, placements=("colocate", "separate", "rm-pool", "async-rollout"), strategies=("fsdp",))
     assert r.feasible
+    seen = {e.plan.placement for e in r.estimates}
+    assert seen == {"colocate", "separate", "colocate+rm-pool", "separate+rm-pool", "colocate+async-rollout"}
     for e in r.estimates:
-        assert e.plan.placement in ("colocate", "separate", "colocate+async-rollout")
+        assert e.plan.runnable_here
         assert all(lay.strategy == "fsdp" for lay in e.plan.layouts.values())

@@ -78,3 +78,16 @@ def test_old_log_prob_stage_is_skipped_when_the_run_skips_it():
     without = simulate(plan, Coster(dataclasses.replace(W, old_log_prob=False), CLUSTER))
     assert "old_log_prob" in with_it.stages and "old_log_prob" not in without.stages
     assert without.step_s == pytest.approx(with_it.step_s - with_it.stages["old_log_prob"])
+
+
+def test_placement_names():
+    lay = {r: FSDP8 for r in ROLES}
+    name = lambda *pools, sep=False: Plan(tuple(Pool(f"p{i}", 8, r) for i, r in enumerate(pools)), lay,
+                                          separate_rollout=sep).placement
+    assert name(ROLES) == "colocate"
+    assert name(("actor", "ref"), ("critic", "reward_model")) == "split"
+    assert name(("actor",), ("ref", "critic", "reward_model")) == "separate"
+    assert name(("actor",), ("ref",), ("critic",), ("reward_model",)) == "standalone"
+    assert name(("actor", "ref", "critic"), ("reward_model",)) == "colocate+rm-pool"
+    assert name(("actor",), ("ref", "critic"), ("reward_model",)) == "separate+rm-pool"
+    assert name(ROLES, ("rollout",), sep=True) == "colocate+async-rollout"
