@@ -18,8 +18,9 @@ Pruning (exact for time within a pool, heuristic across pools): a role's layouts
 per pool shape; only those on the (time, resident memory, transient memory) Pareto front survive,
 at most ``KEEP_LAYOUTS`` (fastest first, the leanest always kept). On a pool, the combinations of
 its roles' survivors are checked for memory exactly (simulate.pool_memory) and ranked by the sum
-of their stage times (they serialise on the pool); the best ``KEEP_COMBOS`` feasible (or the leanest
-infeasible one, to report why) go on to the full simulation, crossed with the other pools'.
+of their stage times (they serialise on the pool); the best ``KEEP_COMBOS`` feasible (one on a pool
+of a single role; or the leanest infeasible one, to report why) go on to the full simulation,
+crossed with the other pools'.
 """
 from __future__ import annotations
 
@@ -173,7 +174,7 @@ class Space:
                 _, why, free, _ = pool_memory(k, plan, pool)
                 sec = k.generate_s(ro, free, pool)[0] if not why else math.inf
                 out.append((not why, sec, {}, ro, why))
-            return self._best(out)
+            return self._best(out, 1)
         roles = pool.roles
         lists = [self.role_candidates(r, pool) for r in roles]
         out = []
@@ -192,13 +193,14 @@ class Space:
                     sec += k.generate_s(ro, free, pool)[0] + k.reshard_s(layouts["actor"], ro, pool)
                 lean = sum(m.get("total", 0.0) for m in mems.values())
                 out.append((not why, sec if not why else lean, layouts, ro, why))
-        return self._best(out)
+        # a pool of one role keeps only its fastest: its stages meet no other role's on the pool
+        return self._best(out, 1 if len(roles) == 1 else KEEP_COMBOS)
 
     @staticmethod
-    def _best(rows: list) -> list:
+    def _best(rows: list, keep: int = KEEP_COMBOS) -> list:
         ok = sorted((r for r in rows if r[0]), key=lambda r: r[1])
         if ok:
-            return ok[:KEEP_COMBOS]
+            return ok[:keep]
         return sorted(rows, key=lambda r: r[1])[:1]  # the leanest infeasible, to say why
 
     # -- plans -------------------------------------------------------------------------------------
