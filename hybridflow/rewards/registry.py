@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from hybridflow.rewards import arithmetic, count, gsm8k
+from hybridflow.rewards import arithmetic, count, gsm8k, tool_arithmetic
 
 ScoreResult = float | dict[str, Any]
 ComputeScoreFn = Callable[..., ScoreResult]
@@ -24,6 +24,7 @@ RULE_SCORERS: dict[str, RuleScorer] = {
     "count": count.compute_score,  # the long-tail workload (hybridflow.data.count): partial credit
     "gsm8k": gsm8k.compute_score,  # strict "####" extraction, as in verl
     "openai/gsm8k": gsm8k.compute_score,
+    "tool_arithmetic": tool_arithmetic.compute_score,  # the tool-use demo (hybridflow.data.tool_arithmetic)
 }
 
 
