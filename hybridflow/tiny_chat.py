@@ -94,7 +94,7 @@ def make_chat_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab=chat_vocab(), unk_token=PAD))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." skips newlines
     tok.decoder = decoders.Fuse()
     # added tokens are matched before the per-character split; they reuse their vocabulary ids
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (PAD, BOS, EOS, *SPECIAL)])
