@@ -84,7 +84,7 @@ def role_params(w: Workload, role: str) -> int:
 
 def intra_limit(pool: Pool, cluster: Cluster) -> int:
     """How many of a pool's devices share a node: its per-node share, or a whole node."""
-    per_node = getattr(pool, "per_node", 0) or cluster.slots_per_node
+    per_node = pool.per_node or cluster.slots_per_node
     return max(1, min(pool.slots, per_node))
 
 
@@ -147,7 +147,8 @@ class Coster:
 
     # ---- memory ----------------------------------------------------------------------------------
     def state_bytes(self, role: str, lay: RoleLayout, trained: bool) -> dict:
-        """Resident weights/grads/optimizer per device. Grads live only during the update."""
+        """Weights, gradients and optimizer state per device (which of them stay resident between
+        stages: ``resident_bytes``)."""
         p = role_params(self.w, role) / (lay.tp * lay.pp)
         b = self.w.param_bytes
         if not trained:
@@ -162,9 +163,10 @@ class Coster:
 
     def layer_act_bytes(self, role: str, seqs: int, tp: int) -> float:
         """Activations one Llama layer keeps for backward, per device, bf16, flash-attention, with
-        sequence parallelism: norm inputs/outputs and attention output (4 x sbh... 12 sbh bytes),
-        Q/K/V (4 s b kv), SwiGLU gate, up, silu and product (8 s b ffn). Derived like Korthikanti
-        et al. 2022 (arXiv:2205.05198, eq. 1: 34 sbh, of which flash-attention drops the 5as^2/h term)."""
+        sequence parallelism (all split by tp): six s x b x h tensors (each block's norm input and
+        output, Q, the attention output), K and V (s x b x kv_dim each), four s x b x ffn tensors
+        (SwiGLU's gate, up, SiLU(gate) and their product), 2 bytes each. Derived as Korthikanti et
+        al. 2022 do for GPT (arXiv:2205.05198, eq. 1: 34 sbh, whose 5as^2/h term flash-attention drops)."""
         shape = self.w.model_of(role)
         s = self.w.seq_len
         return seqs * s * (12 * shape.hidden + 4 * shape.kv_dim + 8 * shape.ffn) / tp
