@@ -68,7 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build(a: argparse.Namespace) -> tuple[Workload, Cluster]:
-    w = Workload(actor=_model(a.actor), critic=_model(a.critic), reference=not a.no_reference,
+    actor = _model(a.actor)
+    if actor is None:
+        raise ValueError("--actor is needed (a model name or an HF config)")
+    w = Workload(actor=actor, critic=_model(a.critic), reference=not a.no_reference,
                  reward_model=_model(a.reward_model), prompts=a.prompts, samples_per_prompt=a.samples_per_prompt,
                  prompt_len=a.prompt_len, response_len=a.response_len, ppo_epochs=a.ppo_epochs,
                  mini_batches=a.mini_batches, micro_batch=a.micro_batch, recompute=not a.no_recompute,
@@ -175,7 +178,7 @@ def main(argv=None) -> int:
     try:
         w, c = build(a)
     except (KeyError, ValueError, OSError) as e:
-        print(f"python -m hybridflow.placement: {e}", file=sys.stderr)
+        print(f"python -m hybridflow.placement: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip()) if v else None
     r = plan(w, c, placements=split(a.placements), strategies=split(a.strategies))

@@ -24,6 +24,7 @@ class ModelShape:
     ffn: int
     vocab: int
     tied: bool = False
+    qkv_bias: bool = False  # Qwen2's Q/K/V projections carry biases
 
     @property
     def head_dim(self) -> int:
@@ -35,9 +36,11 @@ class ModelShape:
 
     @property
     def layer_params(self) -> int:
-        """Q and O (h x h each), K and V (h x kv_dim each), gate/up/down (3 h x ffn), two norms."""
+        """Q and O (h x h each), K and V (h x kv_dim each), gate/up/down (3 h x ffn), two norms
+        (and Q/K/V biases where the model has them)."""
         h = self.hidden
-        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.ffn + 2 * h
+        bias = h + 2 * self.kv_dim if self.qkv_bias else 0
+        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.ffn + 2 * h + bias
 
     @property
     def embedding_params(self) -> int:
@@ -62,7 +65,8 @@ class ModelShape:
                    hidden=int(get("hidden_size")), layers=int(get("num_hidden_layers")), heads=heads,
                    kv_heads=int(get("num_key_value_heads", None) or heads),
                    ffn=int(get("intermediate_size")), vocab=int(get("vocab_size")),
-                   tied=bool(get("tie_word_embeddings", False)))
+                   tied=bool(get("tie_word_embeddings", False)),
+                   qkv_bias=bool(get("attention_bias", False)) or get("model_type", "") == "qwen2")
 
 
 # Public shapes, from each checkpoint's config.json: Llama-2 (Touvron et al. 2023, arXiv:2307.09288,

@@ -24,3 +24,14 @@ def test_cli_imports_neither_ray_nor_torch():
     code = ("import sys; from hybridflow.placement.__main__ import main; main(['--actor', '7b']); "
             "assert 'ray' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_cli_reads_an_hf_config_and_names_unknown_models(tmp_path, capsys):
+    cfg = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+           "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "model_type": "qwen2"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["--actor", str(tmp_path), "--nodes", "1", "--gpus-per-node", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["workload"]["actor_params"] == 494_032_768  # Qwen2.5-0.5B's checkpoint, Q/K/V biases included
+    assert main(["--actor", "9b"]) == 2
+    assert "unknown model '9b'" in capsys.readouterr().err
