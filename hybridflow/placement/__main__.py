@@ -53,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-recompute", action="store_true", help="no activation checkpointing")
     p.add_argument("--one-step-off", action="store_true",
                    help="a separate rollout pool generates the next batch during training (off-policy by a step)")
+    p.add_argument("--no-old-log-prob", action="store_true",
+                   help="the run skips the actor's pi_old forward (strictly on policy, or the sampler's log-probs)")
     p.add_argument("--placements", default=None,
                    help="comma list of placements to consider: colocate,split,separate,rm-pool,standalone,"
                         "async-rollout (default all; the runtime here runs all but split and standalone)")
@@ -75,7 +77,7 @@ def build(a: argparse.Namespace) -> tuple[Workload, Cluster]:
                  reward_model=_model(a.reward_model), prompts=a.prompts, samples_per_prompt=a.samples_per_prompt,
                  prompt_len=a.prompt_len, response_len=a.response_len, ppo_epochs=a.ppo_epochs,
                  mini_batches=a.mini_batches, micro_batch=a.micro_batch, recompute=not a.no_recompute,
-                 one_step_off=a.one_step_off)
+                 one_step_off=a.one_step_off, old_log_prob=not a.no_old_log_prob)
     return w, Cluster(a.nodes, a.gpus_per_node, device_by_name(a.device))
 
 
@@ -114,7 +116,8 @@ def as_json(w: Workload, c: Cluster, r: PlanResult, top: int) -> dict:
                      "reward_model": w.reward_model.name if w.reward_model else None, "prompts": w.prompts,
                      "samples_per_prompt": w.samples_per_prompt, "prompt_len": w.prompt_len,
                      "response_len": w.response_len, "ppo_epochs": w.ppo_epochs, "mini_batches": w.mini_batches,
-                     "micro_batch": w.micro_batch, "recompute": w.recompute, "one_step_off": w.one_step_off},
+                     "micro_batch": w.micro_batch, "recompute": w.recompute, "one_step_off": w.one_step_off,
+                     "old_log_prob": w.old_log_prob},
         "cluster": {"nodes": c.nodes, "slots_per_node": c.slots_per_node, "device": c.device.name,
                     "device_source": c.device.source},
         "planning_s": r.seconds, "stats": r.stats,
