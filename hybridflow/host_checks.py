@@ -10,13 +10,25 @@ import re
 import tempfile
 
 
+# the demo assets under data/ and the command that builds each (the tool demo's: recipes/demo_tools.py)
+DEMO_BUILDERS = (("/data/tool_arithmetic/", "python -m recipes.demo_tools"),
+                 ("/data/models/tiny-llama-chat-", "python -m recipes.demo_tools"),
+                 ("/data/", "make run"))
+
+
+def demo_build_hint(path: str) -> str:
+    """`` (<command> builds the demo data and model)`` for a demo asset's path, else ''."""
+    command = next((cmd for part, cmd in DEMO_BUILDERS if part in path), None)
+    return f" (`{command}` builds the demo data and model)" if command else ""
+
+
 def path_error(key: str, path: str | None, kind: str) -> str | None:
     """Why ``path`` is not an existing ``kind`` ("file" or "dir"), as an error naming ``key``; None
     also when it is unset (None)."""
     if path is None or (os.path.isdir(path) if kind == "dir" else os.path.isfile(path)):
         return None
     return (f"{key}: {path} is not an existing {'directory' if kind == 'dir' else 'file'}"
-            f": fix the path{' (`make run` builds the demo data and model)' if '/data/' in path else ''}"
+            f": fix the path{demo_build_hint(path)}"
             f"{hub_id_hint(path) if kind == 'dir' else ''}")
 
 
