@@ -56,8 +56,22 @@ def ray_address_from_env(cfg):
 def load_and_validate(argv, default_config: str = "ppo"):
     name, overrides = split_cli_args(argv, default_config)
     cfg = ray_address_from_env(load_config(compose_config(name, overrides)))
+    if cfg.trainer.placement == "auto":  # the planner's choice, as overrides after the user's
+        cfg = ray_address_from_env(load_config(compose_config(name, overrides + planned_placement(name, overrides, cfg))))
     validate(cfg, available_slots=available_slots(cfg))
     return cfg
+
+
+def planned_placement(name: str, overrides: list[str], cfg) -> list[str]:
+    """``trainer.placement=auto``: the overrides of the fastest predicted plan whose config validates
+    (hybridflow/placement/auto.py prints it and the alternatives on stderr)."""
+    from hybridflow.placement.auto import choose_placement
+
+    def check(planned: list[str]) -> None:
+        planned_cfg = ray_address_from_env(load_config(compose_config(name, overrides + planned)))
+        validate(planned_cfg, available_slots=available_slots(planned_cfg), check_paths=False)
+
+    return choose_placement(cfg, check)
 
 
 @dataclass

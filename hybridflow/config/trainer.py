@@ -43,7 +43,9 @@ class TrainerConfig:
     call_timeout_s: float = key(600.0, "every worker call and collective of a step", GREATER_THAN_0)
     init_timeout_s: float = key(1800.0, "the workers' start-up (init_model: models, weights, vLLM)", GREATER_THAN_0)
     placement: str = key("colocate", "colocate | separate (critic/ref/reward model on a 2nd pool of nnodes x "
-                                     "separate_pool_gpus_per_node slots)", choices=("colocate", "separate"))
+                                     "separate_pool_gpus_per_node slots) | auto (the planner picks placement, "
+                                     "slots and layouts by predicted step time: docs/placement.md)",
+                         choices=("colocate", "separate", "auto"))
     separate_pool_gpus_per_node: int = key(1, "placement=separate: the 2nd pool's slots per node", POSITIVE)
     overlap_separate_pools: bool = key(True, "separate: the 2nd pool's calls run while the actor's pool works")
     cpus_per_worker: float = key(1.0, "Ray CPU resources per worker process", GREATER_THAN_0)

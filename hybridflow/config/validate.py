@@ -19,6 +19,7 @@ from hybridflow.config.resolve import strictly_on_policy
 from hybridflow.config.root import RootConfig
 from hybridflow.config.multi_turn import multi_turn_errors
 from hybridflow.config.speculative import speculative_errors
+from hybridflow.config.placement_auto import placement_auto_errors
 from hybridflow.config.rules import (
     checkpoint_errors, fsdp_size_error, lora_strategy_errors, overlong_buffer_errors, rollout_correction_errors,
     bypass_errors, rollout_correction_on, rollout_errors, rollout_pool_errors, stage_fusion_errors,
@@ -49,7 +50,7 @@ def validate(cfg: RootConfig, *, available_slots: int | None = None,
               + bypass_errors(cfg)
               + stage_fusion_errors(cfg, model_roles(cfg)) + reallocation_errors(cfg) + speculative_errors(cfg)
               + multi_turn_errors(cfg)
-              + overlong_buffer_errors(cfg)
+              + overlong_buffer_errors(cfg) + placement_auto_errors(cfg)
               + unsupported_errors(cfg)
               + lora_errors(cfg) + checkpoint_errors(cfg) + parallel)
     if not parallel:  # the batch rules divide by the data-parallel sizes

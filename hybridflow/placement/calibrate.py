@@ -1,4 +1,5 @@
-"""A short profiling pass on the machine in hand: the DeviceProfile of one CPU worker slot.
+"""A short profiling pass on the machine in hand: the DeviceProfile of one CPU worker slot,
+whose ``measured`` rates replace the cost model's peak x efficiency (hybridflow/placement/cost.py).
 
 On a GPU the cost model's datasheet peaks times an efficiency are good enough; on a CPU the
 efficiency of a whole model's forward or training step is far from a matmul's (attention, norms,
@@ -22,7 +23,7 @@ import os
 import platform
 import socket
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from hybridflow.placement.devices import DeviceProfile
 from hybridflow.placement.workload import ModelShape, Workload
@@ -51,13 +52,13 @@ def cpu_identity() -> str:
     return f"{model}|{flags}"
 
 
-def cache_key(threads: int, shapes: dict, batch: dict) -> str:
+def cache_key(threads: int, shape: ModelShape, batch: dict) -> str:
     """What the measurements depend on: CPU model and flags, torch version, threads per slot, and
-    the model shapes and batch sizes the per-token costs were measured at."""
+    the model shape and batch sizes the per-token rates were measured at."""
     import torch
 
     ident = json.dumps({"v": CACHE_VERSION, "cpu": cpu_identity(), "torch": torch.__version__, "threads": threads,
-                        "shapes": {k: asdict(v) for k, v in sorted(shapes.items())}, "batch": batch}, sort_keys=True)
+                        "shape": asdict(shape), "batch": batch}, sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
@@ -68,58 +69,50 @@ def cache_path(key: str) -> str:
 def profile_from_dict(d: dict) -> DeviceProfile:
     return DeviceProfile(name=d["name"], flops=dict(d["flops"]), mem_bytes=d["mem_bytes"], mem_bw=d["mem_bw"],
                          intra_node_bw=d["intra_node_bw"], inter_node_bw=d["inter_node_bw"], source=d["source"],
-                         **({"measured": d["measured"]} if "measured" in d and _has_measured() else {}))
+                         measured=dict(d.get("measured") or {}))
 
 
-def profile_to_dict(p: DeviceProfile) -> dict:
-    return {"name": p.name, "flops": dict(p.flops), "mem_bytes": p.mem_bytes, "mem_bw": p.mem_bw,
-            "intra_node_bw": p.intra_node_bw, "inter_node_bw": p.inter_node_bw, "source": p.source,
-            "measured": dict(measured_of(p))}
+# What the cost model should assume on a calibrated CPU slot beyond the measured rates: the measured
+# all-reduce bandwidth is already achieved bus bandwidth (no efficiency on top), and a worker of
+# one thread cannot hide data-parallel traffic under compute (gloo and the matmuls share its core).
+CPU_CONSTANTS = {"comm_eff": 1.0, "dp_overlap": 0.0}
 
 
-def _has_measured() -> bool:
-    return "measured" in DeviceProfile.__dataclass_fields__
+@dataclass
+class Calibration:
+    """One CPU slot as measured: ``device`` with its ``measured`` rates (see ``measure``), the
+    cache file it came from and whether it was read from there."""
 
+    device: DeviceProfile
+    path: str = ""
+    cached: bool = False
 
-def measured_of(p: DeviceProfile) -> dict:
-    """The profile's per-machine measurements (calibrate's), {} for a datasheet profile."""
-    return getattr(p, "measured", None) or _MEASURED_SIDE.get(id(p), {})
+    @property
+    def measured(self) -> dict:
+        return self.device.measured
 
-
-_MEASURED_SIDE: dict[int, dict] = {}  # where DeviceProfile has no ``measured`` field yet
-
-
-def _with_measured(p: DeviceProfile, measured: dict) -> DeviceProfile:
-    if _has_measured():
-        return p
-    _MEASURED_SIDE[id(p)] = measured
-    return p
+    def planner_arg(self) -> dict:
+        """What ``planner.plan(..., calibration=)`` takes."""
+        return {"device": self.device, "constants": dict(CPU_CONSTANTS)}
 
 
 def calibrate(workload: Workload, threads: int = 1, *, refresh: bool = False, slots: int = 1,
-              log=None) -> DeviceProfile:
-    """The DeviceProfile of one worker slot of ``threads`` threads, measured for ``workload``'s
-    models (cached; ``refresh`` measures again). ``slots`` divides the host's memory among workers."""
-    shapes = {"actor": workload.actor}
-    for role in ("critic", "reward_model"):
-        shape = getattr(workload, role)
-        if shape is not None and shape != workload.actor:
-            shapes[role] = shape
+              log=None) -> Calibration:
+    """One worker slot of ``threads`` threads, measured for ``workload``'s actor model (cached;
+    ``refresh`` measures again). ``slots`` divides the host's memory among the workers."""
     micro = max(1, min(workload.micro_batch, 16))
-    decode_batch = max(1, min(workload.sequences, 128))
-    batch = {"micro": micro, "seq": workload.seq_len, "decode_batch": decode_batch,
+    batch = {"micro": micro, "seq": workload.seq_len, "decode_batch": max(2, min(workload.sequences, 128)),
              "prompt": workload.prompt_len}
-    key = cache_key(threads, shapes, batch)
+    key = cache_key(threads, workload.actor, batch)
     path = cache_path(key)
     if not refresh and os.path.exists(path):
         try:
             with open(path) as f:
-                data = json.load(f)
-            return _finish(data, slots)
+                return _finish(json.load(f), slots, path, cached=True)
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache file is measured again
     t0 = time.perf_counter()
-    data = measure(shapes, batch, threads, log=log)
+    data = measure(workload.actor, batch, threads, log=log)
     data["seconds"] = round(time.perf_counter() - t0, 1)
     data["key"] = key
     os.makedirs(cache_dir(), exist_ok=True)
@@ -127,15 +120,14 @@ def calibrate(workload: Workload, threads: int = 1, *, refresh: bool = False, sl
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)  # a concurrent run reads a whole file or none
-    return _finish(data, slots)
+    return _finish(data, slots, path)
 
 
-def _finish(data: dict, slots: int) -> DeviceProfile:
-    """The cached measurements as a DeviceProfile; memory per slot is the host's over ``slots``."""
+def _finish(data: dict, slots: int, path: str, cached: bool = False) -> Calibration:
+    """The cached measurements as a Calibration; memory per slot is the host's over ``slots``."""
     d = dict(data["profile"])
     d["mem_bytes"] = host_memory_bytes() / max(1, slots)
-    p = profile_from_dict(d)
-    return _with_measured(p, d["measured"])
+    return Calibration(profile_from_dict(d), path, cached)
 
 
 def host_memory_bytes() -> float:
@@ -145,7 +137,7 @@ def host_memory_bytes() -> float:
         return 16 * 2 ** 30
 
 
-def measure(shapes: dict[str, ModelShape], batch: dict, threads: int, log=None) -> dict:
+def measure(actor: ModelShape, batch: dict, threads: int, log=None) -> dict:
     """Every measurement, at ``threads`` threads; returns the cache file's content."""
     import torch
 
@@ -153,7 +145,6 @@ def measure(shapes: dict[str, ModelShape], batch: dict, threads: int, log=None) 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        actor = shapes["actor"]
         flops = {dt: matmul_flops(dt, actor.hidden, actor.ffn, batch["micro"] * batch["seq"]) for dt in DTYPES}
         say(f"matmul FLOP/s {flops}")
         fwd, train, decode_f, step_s = {}, {}, {}, {}
@@ -175,10 +166,8 @@ def measure(shapes: dict[str, ModelShape], batch: dict, threads: int, log=None) 
                "source": (f"calibrated {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on "
                           f"{cpu_identity().split('|')[0]}, {threads} thread(s) per slot "
                           "(hybridflow/placement/calibrate.py)")}
-    import torch as _t
-
-    return {"version": CACHE_VERSION, "cpu": cpu_identity().split("|")[0], "torch": _t.__version__,
-            "threads": threads, "shapes": {k: asdict(v) for k, v in shapes.items()}, "batch": batch,
+    return {"version": CACHE_VERSION, "cpu": cpu_identity().split("|")[0], "torch": torch.__version__,
+            "threads": threads, "shape": asdict(actor), "batch": batch,
             "profile": profile}
 
 
