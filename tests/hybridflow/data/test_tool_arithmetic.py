@@ -57,3 +57,43 @@ def test_tool_schema_is_the_recipes_tool_config():
     with open("recipes/config/tools/calculator.yaml") as f:
         tools = yaml.safe_load(f)["tools"]
     assert [t["tool_schema"] for t in tools] == [TOOL_SCHEMA]
+
+
+def test_the_tool_agent_loop_replays_an_sft_trace_token_for_token(tmp_path):
+    """A policy that writes what the SFT traces taught gets, from the tool agent loop with the real
+    calculator, exactly the traced conversation's tokens: warm start and RL see the same sequences,
+    and the reward reads the right answer from the trajectory."""
+    import asyncio
+
+    from hybridflow.agent.loop import AgentSettings, TokenOutput
+    from hybridflow.agent.tool_agent import ToolAgentLoop
+    from hybridflow.agent.tools.config import load_tools
+    from hybridflow.data.multiturn import encode_conversation
+    from hybridflow.rewards.registry import default_compute_score
+
+    write_tool_arithmetic(str(tmp_path), ToolArithmeticConfig(train_size=4, val_size=1, tool_fraction=1.0))
+    tok = make_chat_tokenizer()
+    rl = pd.read_parquet(tmp_path / "train.parquet")
+    traces = pd.read_parquet(tmp_path / "sft_train.parquet")["messages"]
+    for i, (row, messages) in enumerate(zip(rl.itertuples(), traces)):
+        prompt, response, mask = encode_conversation(tok, list(messages), "trace")
+        turns, turn = [], []  # the assistant turns' tokens, each ending at <|im_end|>
+        for t, m in zip(response, mask):
+            if m:
+                turn.append(t)
+                if t == tok.eos_token_id:
+                    turns.append(turn)
+                    turn = []
+
+        class Replay:
+            async def generate(self, request_id, prompt_ids, sampling_params):
+                out = turns.pop(0)
+                return TokenOutput(out, [0.0] * len(out))
+
+        loop = ToolAgentLoop(Replay(), tok, AgentSettings(response_length=128),
+                             load_tools("recipes/config/tools/calculator.yaml"))
+        out = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=list(row.prompt), extra_info=row.extra_info,
+                                   request_id=f"r{i}"))
+        assert out.prompt_ids == prompt and out.response_ids == response and out.response_mask == mask
+        text = tok.decode(out.response_ids, skip_special_tokens=True)
+        assert default_compute_score("tool_arithmetic", text, row.reward_model["ground_truth"]) == 1.0
