@@ -53,7 +53,9 @@ class EngineTokenServer:
         self.stop_token_ids = [int(t) for t in stop_token_ids]
         self.ignore_eos = bool(ignore_eos)
         self.context_length = context_length
+        # by the id the engine's outputs carry (vLLM's external id); the internal id, for aborts
         self._futures: dict[str, asyncio.Future] = {}
+        self._internal: dict[str, str] = {}
         self._wake: asyncio.Event | None = None
         self.steps = 0
         self.requests = 0
@@ -75,8 +77,12 @@ class EngineTokenServer:
                                 max_tokens=max_tokens, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                                 logprobs=0, detokenize=False)
         [engine_id] = self.llm.enqueue([{"prompt_token_ids": list(prompt_ids)}], params, use_tqdm=False)
+        # enqueue returns vLLM's internal id ("<external>-<random>"); outputs carry the external one
+        state = getattr(self.engine.output_processor, "request_states", {}).get(engine_id)
+        external = getattr(state, "external_req_id", None) or engine_id
         future = asyncio.get_running_loop().create_future()
-        self._futures[engine_id] = future
+        self._futures[external] = future
+        self._internal[external] = engine_id
         self.requests += 1
         self._wake.set()
         out = await future
@@ -114,17 +120,24 @@ class EngineTokenServer:
             for out in outputs:
                 if out.finished:
                     future = self._futures.pop(out.request_id, None)
+                    self._internal.pop(out.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(out)
+            if self._futures and not self.engine.has_unfinished_requests():
+                # else this loop would step an empty engine for ever
+                raise RuntimeError(f"vLLM finished every request but {len(self._futures)} never came back under "
+                                   "the ids enqueue() gave: this vLLM version names requests differently "
+                                   "(workers/rollout/vllm_agent.py)")
             await asyncio.sleep(0)  # the loops whose request finished, and the tools' timers, run here
 
     def abort_pending(self) -> None:
         """Drop requests whose trajectory failed (the engine must be empty for the next call)."""
         if self._futures:
-            self.engine.abort_request(list(self._futures))
+            self.engine.abort_request([self._internal[k] for k in self._futures], internal=True)
             for future in self._futures.values():
                 future.cancel()
             self._futures.clear()
+            self._internal.clear()
 
 
 @dataclass
