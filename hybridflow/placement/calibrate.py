@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 from hybridflow.placement.devices import DeviceProfile
 from hybridflow.placement.workload import ModelShape, Workload
 
-CACHE_VERSION = 1
+CACHE_VERSION = 3
 DTYPES = ("fp32", "bf16")
+MAX_MICRO = 64
 CACHE_DIR_ENV = "HYBRIDFLOW_CACHE_DIR"
 
 
@@ -100,9 +101,11 @@ def calibrate(workload: Workload, threads: int = 1, *, refresh: bool = False, sl
               log=None) -> Calibration:
     """One worker slot of ``threads`` threads, measured for ``workload``'s actor model (cached;
     ``refresh`` measures again). ``slots`` divides the host's memory among the workers."""
-    micro = max(1, min(workload.micro_batch, 16))
+    # the runtime's micro-batch: a CPU's rate grows with the matmuls' size (measured: 270 GFLOP/s training
+    # bf16 at 16 x 32 tokens, ~390 at 64 x 32), so it is measured at the size the workers run, up to 64 rows
+    micro = max(1, min(workload.micro_batch, MAX_MICRO))
     batch = {"micro": micro, "seq": workload.seq_len, "decode_batch": max(2, min(workload.sequences, 128)),
-             "prompt": workload.prompt_len}
+             "prompt": workload.prompt_len, "dtype": "bf16" if workload.param_bytes == 2 else "fp32"}
     key = cache_key(threads, workload.actor, batch)
     path = cache_path(key)
     if not refresh and os.path.exists(path):
@@ -148,21 +151,23 @@ def measure(actor: ModelShape, batch: dict, threads: int, log=None) -> dict:
         flops = {dt: matmul_flops(dt, actor.hidden, actor.ffn, batch["micro"] * batch["seq"]) for dt in DTYPES}
         say(f"matmul FLOP/s {flops}")
         fwd, train, decode_f, step_s = {}, {}, {}, {}
-        for dt in DTYPES:
-            fwd[dt], train[dt] = model_flops(actor, dt, batch["micro"], batch["seq"])
-            decode_f[dt], step_s[dt] = decode_cost(actor, dt, batch["decode_batch"], batch["prompt"])
-        say(f"model fwd {fwd} train {train} decode {decode_f} step {step_s}")
-        latency, bus_bw = gloo_allreduce(threads)
-        say(f"gloo all-reduce latency {latency:.2e} s, bus bandwidth {bus_bw:.3g} B/s")
+        for dt in DTYPES:  # forward in both: the reward model computes in fp32 beside a bf16 actor
+            fwd[dt] = forward_flops(actor, dt, batch["micro"], batch["seq"])
+        dt = batch["dtype"]  # training and generation in the workload's dtype only (fp32 training is slow to time)
+        train[dt] = train_flops(actor, dt, batch["micro"], batch["seq"])
+        decode_f[dt], step_s[dt] = decode_cost(actor, dt, batch["decode_batch"], batch["prompt"])
+        say(f"model forward {fwd}, train {train}, decode {decode_f} + {step_s} s/step")
+        coll = gloo_collectives(threads)
+        say("gloo " + ", ".join(f"{k} {v:.3g}" for k, v in coll.items()))
         mem_bw = copy_bandwidth()
     finally:
         torch.set_num_threads(previous)
     measured = {"fwd_flops": fwd, "train_flops": train, "decode_flops": decode_f,
                 # engine overhead per decode step: the dtype the rollout uses is not known here, take the larger
                 "decode_step_s": max(step_s.values()), "decode_step_s_by_dtype": step_s,
-                "collective_latency_s": latency, "threads": threads}
+                **coll, "threads": threads}
     profile = {"name": f"cpu-{threads}t", "flops": flops, "mem_bytes": host_memory_bytes(), "mem_bw": mem_bw,
-               "intra_node_bw": bus_bw, "inter_node_bw": bus_bw, "measured": measured,
+               "intra_node_bw": coll["all_reduce_bw"], "inter_node_bw": coll["all_reduce_bw"], "measured": measured,
                "source": (f"calibrated {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on "
                           f"{cpu_identity().split('|')[0]}, {threads} thread(s) per slot "
                           "(hybridflow/placement/calibrate.py)")}
@@ -216,16 +221,25 @@ def _hf_model(shape: ModelShape, dtype: str):
     return Qwen2ForCausalLM(cfg).to(_torch_dtype(dtype))
 
 
-def model_flops(shape: ModelShape, dtype: str, micro: int, seq: int) -> tuple[float, float]:
-    """Effective FLOP/s of the model's forward (2N/token, no grad) and of its training step
-    (forward + backward + AdamW, 6N/token) on ``micro`` sequences of ``seq`` tokens."""
+def forward_flops(shape: ModelShape, dtype: str, micro: int, seq: int) -> float:
+    """Effective FLOP/s of the model's forward (2N/token, no grad; log-softmax over the logits as the
+    log-prob passes do) on ``micro`` sequences of ``seq`` tokens."""
     import torch
 
     model = _hf_model(shape, dtype)
     ids = torch.randint(0, shape.vocab, (micro, seq))
-    tokens = micro * seq
     with torch.no_grad():
-        t_fwd = _best(lambda: model(input_ids=ids).logits.float().log_softmax(-1), 3, 2.0)
+        t = _best(lambda: model(input_ids=ids).logits.float().log_softmax(-1), 3, 1.5)
+    return 2.0 * shape.params * micro * seq / t
+
+
+def train_flops(shape: ModelShape, dtype: str, micro: int, seq: int) -> float:
+    """Effective FLOP/s of one training step (forward + backward + AdamW, 6N/token) on ``micro``
+    sequences of ``seq`` tokens: the update of a worker whose mini-batch is one micro-batch."""
+    import torch
+
+    model = _hf_model(shape, dtype)
+    ids = torch.randint(0, shape.vocab, (micro, seq))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
     def step():
@@ -234,9 +248,8 @@ def model_flops(shape: ModelShape, dtype: str, micro: int, seq: int) -> tuple[fl
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    t_train = _best(step, 3, 4.0)
-    n = shape.params
-    return 2.0 * n * tokens / t_fwd, 6.0 * n * tokens / t_train
+    t = _best(step, 2, 3.0)
+    return 6.0 * shape.params * micro * seq / t
 
 
 def decode_cost(shape: ModelShape, dtype: str, batch: int, prompt: int) -> tuple[float, float]:
@@ -283,53 +296,67 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _allreduce_rank(rank: int, port: int, threads: int, sizes: list[int], out) -> None:
+def _collectives_rank(rank: int, port: int, threads: int, numel: int, out) -> None:
+    import datetime
+
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=__import__("datetime").timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=60))
     try:
-        results = []
-        for numel in sizes:
-            t = torch.ones(numel)
-            reps = 30 if numel < 2 ** 16 else 5
-            for _ in range(2):
-                dist.all_reduce(t)
+        small, big = torch.ones(256), torch.ones(numel)
+        gathered, shard = torch.empty(2 * numel), torch.empty(numel // 2)
+        calls = {"latency": (lambda: dist.all_reduce(small), 30),
+                 "all_reduce": (lambda: dist.all_reduce(big), 4),
+                 "all_gather": (lambda: dist.all_gather_into_tensor(gathered, big), 4),
+                 "reduce_scatter": (lambda: dist.reduce_scatter_tensor(shard, big), 4)}
+        results = {}
+        for name, (fn, reps) in calls.items():
+            fn()
             best = float("inf")
             for _ in range(reps):
                 dist.barrier()
-                s = time.perf_counter()
-                dist.all_reduce(t)
-                best = min(best, time.perf_counter() - s)
-            results.append(best)
+                t = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t)
+            results[name] = best
         if rank == 0:
             out.put(results)
     finally:
         dist.destroy_process_group()
 
 
-def gloo_allreduce(threads: int) -> tuple[float, float]:
-    """(seconds per all-reduce call of a few bytes, bus bandwidth in bytes/s of a 16 MB one) between
-    2 local processes over gloo, as the workers' collectives run on CPU. For 2 ranks a ring
-    all-reduce moves 2(n-1)/n = 1x the buffer per rank (bus bandwidth = algorithm bandwidth)."""
+def gloo_collectives(threads: int) -> dict:
+    """Between 2 local processes over gloo, as the workers' collectives run on CPU: seconds of an
+    all-reduce of a few bytes (``collective_latency_s``) and the bus bandwidth (bytes each rank
+    moves per second: (n-1)/n of the buffer for all-gather and reduce-scatter, 2(n-1)/n for a ring
+    all-reduce, i.e. 1x and 1/2x at n = 2) of a 16 MB all-reduce, all-gather and reduce-scatter.
+    gloo's all-gather and reduce-scatter run at a fraction of its all-reduce's rate here, which is
+    what sharded FSDP pays against replicated (DDP) on a CPU host."""
     import multiprocessing as mp
+    import warnings
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    sizes = [256, 4 * 2 ** 20]  # floats: 1 KB and 16 MB
+    numel = 4 * 2 ** 20  # fp32: 16 MB
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_allreduce_rank, args=(r, port, threads, sizes, q), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        small, large = q.get(timeout=90)
-    finally:
+    with warnings.catch_warnings():  # torch names the *_into_tensor collectives deprecated in favour of *_single
+        warnings.simplefilter("ignore", FutureWarning)
+        procs = [ctx.Process(target=_collectives_rank, args=(r, port, threads, numel, q), daemon=True)
+                 for r in range(2)]
         for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    latency = small
-    bw = sizes[1] * 4 / max(large - latency, 1e-9)
-    return latency, bw
+            p.start()
+        try:
+            t = q.get(timeout=90)
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+    nbytes, lat = numel * 4, t["latency"]
+    bus = lambda sec, moved: moved / max(sec - lat, 1e-9)  # noqa: E731
+    return {"collective_latency_s": lat, "all_reduce_bw": bus(t["all_reduce"], nbytes),
+            "all_gather_bw": bus(t["all_gather"], nbytes),
+            "reduce_scatter_bw": bus(t["reduce_scatter"], nbytes / 2)}
