@@ -35,7 +35,8 @@ def run_validation(trainer) -> dict:
         trainer.batches.sync(trainer.global_step, {})  # validate the trainer's weights, not older ones
     for batch_dict in trainer.val_loader:
         batch = DataProto.from_single_dict(batch_dict)
-        gen_in = generation_request(batch, trainer.cfg.actor_rollout_ref.rollout.multi_turn.enable, n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
+        gen_in = generation_request(batch, trainer.cfg.actor_rollout_ref.rollout.multi_turn.enable,
+                                    n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature,
                                     top_p=vk.top_p, top_k=vk.top_k, stage="validation")
         out = trainer.generator.generate_sequences(gen_in)
         for kept in ("metrics", "stage"):  # the reward model's scoring of it is its own stage
