@@ -5,7 +5,8 @@ hidden 512, 8 layers, ~25M parameters each; scripts/bench/e2e.py's models and ar
 32 prompts x 4 samples, responses of 16 tokens, on this machine's slots. The planner
 (``trainer.placement=auto``'s path: calibration, then ``hybridflow/placement/``) predicts every plan
 the runtime can run here; each of up to ``--max-plans`` of them is then run with the real recipe
-(``python -m recipes.main_ppo --config-name ppo`` + the plan's overrides) for ``--steps`` steps,
+(``python -m recipes.main_ppo --config-name ppo`` + the plan's overrides; the planner's choice
+is run as ``trainer.placement=auto`` itself in the first round) for ``--steps`` steps,
 in turns (``--rounds`` > 1 runs every plan again, in reverse order, and takes the median: the
 machine's slow spells then hit every plan), and the JSON says:
 
@@ -154,12 +155,22 @@ def pick(cands: list, most: int) -> list:
     return [distinct[i] for i in sorted(keep)]
 
 
-def measure(args, base: list[str], cand, tag: str) -> dict:
+def measure(args, base: list[str], cand, tag: str, auto: bool = False) -> dict:
+    """One recipe run of ``cand``'s plan. ``auto``: run it as ``trainer.placement=auto`` (the recipe
+    plans again and must pick this plan: its "runs as:" line is checked against the overrides)."""
     run_dir = os.path.join(args.work_dir, "runs", f"planner-{tag}")
-    run = run_recipe(base + cand.overrides, run_dir, args.timeout, config_name="ppo")
+    run = run_recipe(base + (["trainer.placement=auto"] if auto else cand.overrides), run_dir, args.timeout,
+                     config_name="ppo")
     if "error" in run:
         return run
-    return summarise(run["records"], args.warmup, args.prompts, args.samples)
+    out = summarise(run["records"], args.warmup, args.prompts, args.samples)
+    steps = [r["timing_s/step"] for r in run["records"] if r.get("step", 0) > args.warmup and "timing_s/step" in r]
+    out["step_times_s"] = [round(x, 4) for x in steps]
+    if auto:
+        ran = [ln.split("runs as:", 1)[1].split() for ln in run["stderr"].splitlines() if "runs as:" in ln]
+        out["auto_ran_this_plan"] = bool(ran) and ran[0] == cand.overrides
+        out["auto_stderr"] = [ln for ln in run["stderr"].splitlines() if ln.startswith(("trainer.placement=auto", "  "))][:8]
+    return out
 
 
 def parse_args(argv):
@@ -168,7 +179,7 @@ def parse_args(argv):
     p.add_argument("--cpus-per-worker", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
-    p.add_argument("--rounds", type=int, default=1, help="run every plan this many times, in alternating order")
+    p.add_argument("--rounds", type=int, default=2, help="run every plan this many times, in alternating order")
     p.add_argument("--max-plans", type=int, default=8)
     p.add_argument("--keep-combos", type=int, default=64, help="the planner's layout combinations kept per pool "
                    "(its default prunes to a few: the bench wants the spread)")
@@ -219,14 +230,20 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         order = list(range(len(chosen)))[::(-1 if r % 2 else 1)]
         for i in order:
-            res = measure(args, base, chosen[i], f"{i}-{r}")
+            res = measure(args, base, chosen[i], f"{i}-{r}", auto=(i == 0 and r == 0))
             rows[i]["measured"].append(res)
             print(f"[planner] plan {i} round {r}: predicted {rows[i]['predicted_step_s']} s, measured "
                   f"{res.get('step_s', res.get('error'))}", file=sys.stderr, flush=True)
     for row in rows:
-        steps = [m["step_s"] for m in row["measured"] if "step_s" in m]
+        # the median of every step after the warm-up, over all rounds
+        steps = [x for m in row["measured"] for x in m.get("step_times_s", [])]
         row["measured_step_s"] = round(statistics.median(steps), 4) if steps else None
-        row["measured_stages"] = (row["measured"][0].get("timing_s") if row["measured"] else None)
+        row["measured_step_times_s"] = steps
+        row["measured_stages"] = [m.get("timing_s") for m in row["measured"] if "timing_s" in m]
+        for m in row["measured"]:
+            if "auto_ran_this_plan" in m:
+                row["run_as_trainer_placement_auto"] = {"ran_this_plan": m["auto_ran_this_plan"],
+                                                        "stderr": m["auto_stderr"]}
         row["errors"] = [m for m in row["measured"] if "error" in m]
         del row["measured"]
     ok = [r for r in rows if r["measured_step_s"]]
