@@ -67,9 +67,10 @@ class EngineTokenServer:
         if max_tokens < 1:
             raise ValueError(f"trajectory {request_id}: max_tokens={max_tokens} must be >= 1")
         if len(prompt_ids) + max_tokens > self.context_length:
-            raise ValueError(f"trajectory {request_id}: {len(prompt_ids)} context tokens + max_tokens={max_tokens} "
-                             f"exceed the engine's context {self.context_length} (data.max_prompt_length + "
-                             "data.max_response_length): raise them")
+            raise ValueError(f"rollout.multi_turn: trajectory {request_id}: {len(prompt_ids)} context tokens + "
+                             f"max_tokens={max_tokens} exceed the engine's context {self.context_length} = "
+                             "data.max_prompt_length + data.max_response_length: its templated prompt (tool schemas "
+                             "included) is longer than data.max_prompt_length; raise data.max_prompt_length")
         from vllm import SamplingParams
 
         params = SamplingParams(n=1, temperature=float(sampling_params.get("temperature", 1.0)),

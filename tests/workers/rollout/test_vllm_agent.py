@@ -220,3 +220,13 @@ def test_greedy_trajectories_equal_their_turns_generated_one_at_a_time(run):
     generated = [g for _, _, g in result["greedy_calls"]]
     assert len(generated) >= 16 * 2
     assert generated == result["replayed"]
+
+
+def test_a_templated_prompt_past_the_context_fails_naming_the_key_before_reaching_vllm():
+    from types import SimpleNamespace
+
+    from workers.rollout.vllm_agent import EngineTokenServer
+
+    server = EngineTokenServer(SimpleNamespace(llm_engine=None), [2], False, context_length=PROMPT_LEN + RESPONSE_LEN)
+    with pytest.raises(ValueError, match="raise data.max_prompt_length"):
+        asyncio.run(server.generate("traj-0-0", [5] * (PROMPT_LEN + 1), {"max_tokens": RESPONSE_LEN}))
