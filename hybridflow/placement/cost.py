@@ -102,13 +102,33 @@ class Coster:
         # norms and the optimizer at the measured sizes, so FLOPs are then counted as 2N / 6N a token).
         self.m_fwd = (m.get("fwd_flops") or {}).get(dtype)
         self.m_train = (m.get("train_flops") or {}).get(dtype)
+        self.m = m
         self.m_decode = (m.get("decode_flops") or {}).get(dtype)
         self.m_step = (m.get("decode_step_s_by_dtype") or {}).get(dtype, m.get("decode_step_s"))
 
+    # ---- per-role dtype ----------------------------------------------------------------------------
+    def role_bytes(self, role: str) -> int:
+        """Bytes per parameter a role computes in: ``workload.extra["role_bytes"]`` (the runtime's
+        reward model is fp32 beside a bf16 actor), else ``param_bytes``."""
+        return (self.w.extra.get("role_bytes") or {}).get(role, self.w.param_bytes)
+
+    def _rate(self, kind: str, role: str) -> float | None:
+        """A measured rate (``fwd_flops``/``train_flops``) in the role's dtype, if calibrated."""
+        dtype = "bf16" if self.role_bytes(role) == 2 else "fp32"
+        return (self.m.get(kind) or {}).get(dtype)
+
+    def _peak(self, role: str) -> float:
+        return self.c.device.flops_for("bf16" if self.role_bytes(role) == 2 else "fp32")
+
     # ---- communication -------------------------------------------------------------------------
-    def link(self, span: int, limit: int) -> tuple[float, float]:
+    def link(self, span: int, limit: int, kind: str = "all_reduce") -> tuple[float, float]:
+        """(bus bandwidth, latency). Within a node a calibrated profile's measured bandwidth of this
+        collective (``measured[kind + "_bw"]``: gloo's all-gather and reduce-scatter run at a third of
+        its all-reduce's rate on a CPU host) replaces the link's."""
         if span <= limit:
-            return self.c.device.intra_node_bw * self.k.comm_eff, self.k.latency_intra_s
+            measured = self.m.get(f"{kind}_bw")
+            bw = measured if measured else self.c.device.intra_node_bw * self.k.comm_eff
+            return bw, self.k.latency_intra_s
         return self.c.device.inter_node_bw * self.k.comm_eff, self.k.latency_inter_s
 
     def all_reduce(self, nbytes: float, group: int, span: int, limit: int) -> float:
@@ -118,11 +138,11 @@ class Coster:
         bw, lat = self.link(span, limit)
         return lat + 2 * (group - 1) / group * nbytes / bw
 
-    def all_gather(self, nbytes: float, group: int, span: int, limit: int) -> float:
-        """Ring all-gather (or reduce-scatter) of a tensor of ``nbytes`` in all: (g-1)/g of it moves."""
+    def all_gather(self, nbytes: float, group: int, span: int, limit: int, kind: str = "all_gather") -> float:
+        """Ring all-gather (or reduce-scatter, ``kind``) of a tensor of ``nbytes`` in all: (g-1)/g of it moves."""
         if group <= 1:
             return 0.0
-        bw, lat = self.link(span, limit)
+        bw, lat = self.link(span, limit, kind)
         return lat + (group - 1) / group * nbytes / bw
 
     # ---- FLOPs -----------------------------------------------------------------------------------
@@ -134,16 +154,18 @@ class Coster:
 
     def _fwd_s_per_token(self, role: str, ctx: float) -> float:
         """Seconds of one device for one token's forward (the measured rate, or peak x efficiency)."""
-        if self.m_fwd:
-            return 2 * role_params(self.w, role) / self.m_fwd
-        return self.fwd_flops_per_token(role, ctx) / (self.peak * self.k.forward_eff)
+        rate = self._rate("fwd_flops", role)
+        if rate:
+            return 2 * role_params(self.w, role) / rate
+        return self.fwd_flops_per_token(role, ctx) / (self._peak(role) * self.k.forward_eff)
 
     def _train_s_per_token(self, role: str, ctx: float) -> float:
         """Forward + backward (+ recompute) of one token: 6P (8P) FLOPs, or the measured step rate."""
-        if self.m_train:
-            return 6 * role_params(self.w, role) / self.m_train
+        rate = self._rate("train_flops", role)
+        if rate:
+            return 6 * role_params(self.w, role) / rate
         passes = 4 if self.w.recompute else 3  # forward + backward (2x) [+ recomputed forward]
-        return passes * self.fwd_flops_per_token(role, ctx) / (self.peak * self.k.train_eff)
+        return passes * self.fwd_flops_per_token(role, ctx) / (self._peak(role) * self.k.train_eff)
 
     # ---- memory ----------------------------------------------------------------------------------
     def state_bytes(self, role: str, lay: RoleLayout, trained: bool) -> dict:
@@ -152,6 +174,7 @@ class Coster:
         p = role_params(self.w, role) / (lay.tp * lay.pp)
         b = self.w.param_bytes
         if not trained:
+            b = self.role_bytes(role)
             shard = lay.fsdp_shard if lay.strategy == "fsdp" else 1
             return {"weights": p * b / shard, "grads": 0.0, "optimizer": 0.0}
         if lay.strategy == "megatron":
@@ -240,7 +263,8 @@ class Coster:
             # per micro-batch: gather bf16 params for forward and again for backward (FSDP2 reshards
             # after forward), reduce-scatter fp32 grads (reduce_dtype float32, workers/engines/fsdp_layout.py)
             group = (shard, shard * lay.tp * lay.pp, lim)
-            dp = micro * (2 * self.all_gather(p_dev * w.param_bytes, *group) + self.all_gather(p_dev * 4, *group))
+            dp = micro * (2 * self.all_gather(p_dev * w.param_bytes, *group)
+                          + self.all_gather(p_dev * 4, *group, kind="reduce_scatter"))
             if lay.dp > shard:  # hybrid shard: all-reduce the shard's grads across replicas per update
                 dp += self.all_reduce(p_dev * 4 / shard, lay.dp // shard, span, lim)
             opt_params = p_dev / shard

@@ -48,11 +48,8 @@ def workload_from_config(cfg) -> Workload:
                   ppo_epochs=a.ppo_epochs, mini_batches=max(1, data.train_batch_size // mini),
                   param_bytes=bytes_of.get(a.param_dtype, 2), micro_batch=a.ppo_micro_batch_size_per_gpu,
                   recompute=bool(arr.model.enable_gradient_checkpointing))
-    optional = {"old_log_prob": a.recompute_old_log_prob != "skip", "role_bytes": role_bytes,
-                "one_step_off": False}
-    fields = Workload.__dataclass_fields__
-    kwargs.update({k: v for k, v in optional.items() if k in fields})
-    return Workload(**kwargs)
+    return Workload(**kwargs, old_log_prob=a.recompute_old_log_prob != "skip", one_step_off=False,
+                    extra={"role_bytes": role_bytes})
 
 
 def local_slots(cfg) -> int:

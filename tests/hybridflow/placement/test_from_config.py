@@ -54,6 +54,7 @@ def test_workload_reads_models_and_batch(ppo_overrides):
     assert (w.prompts, w.samples_per_prompt, w.prompt_len, w.response_len, w.mini_batches) == (8, 2, 16, 8, 1)
     assert w.param_bytes == 2 and w.micro_batch == 4 and not w.recompute
     assert w.old_log_prob is False  # one mini-batch, one epoch: the runtime skips pi_old's forward
+    assert w.extra["role_bytes"] == {"reward_model": 4, "critic": 2}  # the reward model worker computes in fp32
 
 
 def test_every_local_candidate_validates_and_runs_its_plan(ppo_overrides, monkeypatch):
