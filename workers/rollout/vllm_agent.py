@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trajectory import AGENT_COLUMNS, TOOL_OUTPUTS, agent_step_metrics
+from hybridflow.trajectory import AGENT_COLUMNS, TOOL_OUTPUTS
 
 
 class EngineTokenServer:
@@ -43,8 +43,9 @@ class EngineTokenServer:
 
     ``stop_token_ids`` and ``ignore_eos``: the call's (SamplingSettings); each request gets a
     ``SamplingParams`` of its own temperature, top-p, top-k and ``max_tokens`` with those,
-    ``logprobs=0`` (the sampled token's) and no detokenization. ``context_length``: the engine's max_model_len, checked per call so
-    that an overlong trajectory fails in one line naming the settings, not inside vLLM.
+    ``logprobs=0`` (the sampled token's) and no detokenization. ``context_length``: the engine's
+    max_model_len, checked per call so that an overlong trajectory fails in one line naming the
+    settings, not inside vLLM.
     """
 
     def __init__(self, llm, stop_token_ids, ignore_eos: bool, context_length: int):
@@ -141,7 +142,7 @@ class EngineTokenServer:
             self._internal.clear()
 
 
-@dataclass
+@dataclasses.dataclass
 class AgentRunner:
     """What a rank's agent loops share across calls: the tokenizer, the tools and the settings."""
 
@@ -187,8 +188,10 @@ def generate_agent_sequences(llm, runner: AgentRunner, prompts: DataProto, setti
     sampling = dict(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                     max_tokens=settings.max_tokens)
     server = EngineTokenServer(llm, settings.stop_token_ids, settings.ignore_eos, context_length)
+    # a call's max_tokens (meta_info) is the trajectories' response budget
+    loop_settings = dataclasses.replace(runner.settings, response_length=settings.max_tokens)
     start = time.perf_counter()
-    outputs = run_coroutine(_run_all(server, runner, rows, sampling))
+    outputs = run_coroutine(_run_all(server, runner, loop_settings, rows, sampling))
     elapsed = time.perf_counter() - start
     out = assemble_batch(outputs, runner.prompt_length, runner.response_length, pad_token_id)
     out.meta_info = dict(prompts.meta_info)
@@ -205,7 +208,8 @@ def row_kwargs(rows: DataProto, i: int, request_id: str) -> dict:
     return kwargs
 
 
-async def _run_all(server: EngineTokenServer, runner: AgentRunner, rows: DataProto, sampling: dict) -> list:
+async def _run_all(server: EngineTokenServer, runner: AgentRunner, loop_settings, rows: DataProto,
+                   sampling: dict) -> list:
     from hybridflow.agent.registry import resolve_agent_loop
 
     names = rows.non_tensor_batch.get("agent_name")
@@ -214,7 +218,7 @@ async def _run_all(server: EngineTokenServer, runner: AgentRunner, rows: DataPro
     def loop_of(i: int):
         name = names[i] if names is not None and names[i] else runner.default_loop
         if name not in loops:
-            loops[name] = resolve_agent_loop(name)(server, runner.tokenizer, runner.settings, runner.tools)
+            loops[name] = resolve_agent_loop(name)(server, runner.tokenizer, loop_settings, runner.tools)
         return loops[name]
 
     done = asyncio.get_running_loop().create_future()
@@ -231,7 +235,8 @@ async def _run_all(server: EngineTokenServer, runner: AgentRunner, rows: DataPro
     finally:
         for task in tasks:
             task.cancel()
-        done.set_result(None) if not done.done() else None
+        if not done.done():
+            done.set_result(None)  # the driver's wait ends
         server.abort_pending()
         await asyncio.gather(driver, *tasks, return_exceptions=True)
 
@@ -297,5 +302,3 @@ def assemble_batch(outputs, prompt_length: int, response_length: int, pad_token_
         tensors[column] = torch.tensor(values, dtype=torch.float32)
     return DataProto.from_dict(tensors=tensors, non_tensors={TOOL_OUTPUTS: tool_outputs})
 
-
-__all__ = ["EngineTokenServer", "AgentRunner", "generate_agent_sequences", "assemble_batch", "agent_step_metrics"]
