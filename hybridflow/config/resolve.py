@@ -1,4 +1,4 @@
-"""Every ``auto`` of a config (``param_dtype``, ``rollout.dtype``, ``fsdp_size``,
+"""Every ``auto`` of a config (``param_dtype``, ``rollout.dtype``, ``n_gpus_per_node``, ``fsdp_size``,
 ``recompute_old_log_prob``), decided once, when it
 is loaded (``derive`` does it for a config built in code). Only ``auto`` values change, so resolving a
 resolved config changes nothing. An unused critic's ``auto`` stays unresolved, and unsaid; so the roles
@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 
+from hybridflow import auto_cpu_layout
 from hybridflow.auto_fsdp_size import Role, resolve as resolve_fsdp_sizes
 from hybridflow.config.rules import rollout_correction_on
 
@@ -28,6 +29,10 @@ def resolve(cfg):
         arr.actor.recompute_old_log_prob = "skip" if strictly_on_policy(cfg) else "always"
     if arr.rollout.dtype == "auto":  # an unknown param_dtype leaves it: validate names that one
         arr.rollout.dtype = ROLLOUT_DTYPE_OF_PARAM_DTYPE.get(arr.actor.param_dtype, "auto")
+    # the workers per node before fsdp_size, which depends on them
+    auto_cpu_layout.resolve(tr, auto_cpu_layout.host_cores(cfg.ray_init.num_cpus), bool(cfg.ray_init.address),
+                            functools.partial(_uses_gpu, tr.device), _gpu_count,
+                            functools.partial(predict_layout_step_s, cfg), say_once)
     side = tr.separate_pool_gpus_per_node if tr.placement == "separate" else tr.n_gpus_per_node
     roles = [Role("actor", arr.actor.strategy, arr.actor.fsdp_config, arr.model.path, True,
                   arr.model.lora_rank > 0, tr.n_gpus_per_node),
@@ -66,6 +71,35 @@ def _uses_gpu(device: str) -> bool:
     from hybridflow.device import uses_gpu  # lazy: keeps config import torch-free
 
     return uses_gpu(device)
+
+
+def _gpu_count() -> int:
+    from hybridflow.device import device_count
+
+    return device_count()
+
+
+def predict_layout_step_s(cfg, workers: int, threads: int) -> float:
+    """The placement planner's predicted step time for ``workers`` colocated workers of ``threads``
+    threads on this host: its slot calibrated at that thread count (cached), the fastest plan."""
+    from hybridflow.errors import ConfigError
+    from hybridflow.placement.calibrate import calibrate
+    from hybridflow.placement.devices import Cluster
+    from hybridflow.placement.from_config import workload_from_config
+    from hybridflow.placement.planner import plan
+
+    try:
+        workload = workload_from_config(cfg)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"trainer.n_gpus_per_node=auto predicts from the model's config.json, which could not "
+                          f"be read ({err}): set trainer.n_gpus_per_node explicitly") from err
+    cal = calibrate(workload, threads, slots=workers)
+    best = plan(workload, Cluster(cfg.trainer.nnodes, workers, cal.device), cal.planner_arg(),
+                placements=("colocate",)).best
+    if best is None:
+        raise ConfigError(f"trainer.n_gpus_per_node=auto: no plan of {workers} worker(s) fits this host's memory: "
+                          "set trainer.n_gpus_per_node explicitly")
+    return best.step_s
 
 
 @functools.cache

@@ -88,7 +88,7 @@ class SFTOptimConfig(OptimConfig):
 class SFTTrainerConfig:
     device: str = _trainer("device")
     nnodes: int = _trainer("nnodes")
-    n_gpus_per_node: int = _trainer("n_gpus_per_node")
+    n_gpus_per_node: int = _trainer("n_gpus_per_node", doc="GPUs per node; on CPU: worker slots per node")
     total_epochs: int = _trainer("total_epochs", 3, "passes over the training rows")
     total_training_steps: int | None = _trainer("total_training_steps")
     save_freq: int = _trainer("save_freq", doc="steps between checkpoints (plus one at the end); -1: none")

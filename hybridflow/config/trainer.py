@@ -12,7 +12,10 @@ RUN_DIR = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
 class TrainerConfig:
     device: str = key("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
     nnodes: int = key(1, "nodes", POSITIVE)
-    n_gpus_per_node: int = key(1, "GPUs per node; on CPU: worker slots per node", POSITIVE)
+    n_gpus_per_node: int | str = key(1, "GPUs per node; on CPU: worker slots per node | auto: this node's GPUs; "
+                                        "on CPU, replicated workers of cpus_per_worker cores or one worker with "
+                                        "every core, whichever the placement cost model predicts faster",
+                                     POSITIVE)
     total_epochs: int = key(1, "passes over the training prompts", POSITIVE)
     total_training_steps: int | None = key(None, "null: epochs x batches per epoch", OPTIONAL_POSITIVE)
     save_freq: int = key(-1, "steps between checkpoints; -1: none during training", FREQ)

@@ -16,6 +16,8 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --no-share-too ...       # also with every prompt forwarded per row
     .venv/bin/python scripts/bench/e2e.py --shm-too ...            # also with HYBRIDFLOW_SHM_COLLECTIVES=1
     .venv/bin/python scripts/bench/e2e.py --reward-ms 20 --async-reward-too  # a slow grader, inline vs async
+    .venv/bin/python scripts/bench/e2e.py --sizes medium --best-precision --workers auto --trl-python --repeat 2
+                                                                   # ours / TRL at equal work, best dtype each
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, in a process of its own: with no value in this
@@ -184,7 +186,10 @@ def run_ours(args, paths: dict, size: str, mode: str, extra: tuple[str, ...] = (
     if "error" in run:
         return run
     steps_total = sum(r.get("timing_s/step", 0.0) for r in run["records"])
+    said = [ln for ln in run["stderr"].splitlines() if ln.startswith(("n_gpus_per_node=auto", "param_dtype=auto",
+                                                                      "fsdp_size=auto"))]
     return {**summarise(run["records"], args.warmup, args.prompts, args.samples), "wall_s": round(run["wall_s"], 1),
+            "auto_choices": said,
             "startup_and_teardown_s": round(run["wall_s"] - steps_total, 1)}
 
 
@@ -237,7 +242,8 @@ def parse_args(argv):
     p.add_argument("--response-length", type=int, default=16)
     p.add_argument("--mini-batch", type=int, default=0, help="prompts per optimizer step (0: all, one step)")
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward per worker")
-    p.add_argument("--workers", type=int, default=2, help="trainer.n_gpus_per_node (CPU worker slots)")
+    p.add_argument("--workers", default="2", help="trainer.n_gpus_per_node (CPU worker slots), or auto: replicated "
+                                                  "or one worker with every core, as the cost model predicts")
     p.add_argument("--rollout", default="vllm", choices=("vllm", "hf"))
     p.add_argument("--trl-python", nargs="?", const=sys.executable, default=None,
                    help="also measure TRL, run by this python (alone: this venv's, TRL installed when missing)")
@@ -267,6 +273,11 @@ def parse_args(argv):
     p.add_argument("--reward-busy", action="store_true", help="--reward-ms spent computing, not asleep")
     p.add_argument("--async-reward-too", action="store_true",
                    help="also run with reward_model.launch_reward_fn_async=true, otherwise as the main run")
+    p.add_argument("--best-precision", action="store_true",
+                   help="only ours / TRL at equal work (beta 0, every row computed), each at its best precision "
+                        "here (param_dtype=auto's pick; both dtypes with --both-dtypes), interleaved; needs "
+                        "--trl-python (scripts/bench/_equal_work.py)")
+    p.add_argument("--repeat", type=int, default=1, help="--best-precision: interleaved rounds of the pair")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
@@ -280,6 +291,8 @@ def parse_args(argv):
             p.error(f"--modes: unknown mode {m!r}; use a comma list of {', '.join(MODES)}")
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must exceed --warmup {args.warmup} to leave steps to measure")
+    if args.best_precision and not args.trl_python:
+        p.error("--best-precision compares with TRL: add --trl-python")
     if args.trl_python and not os.path.exists(args.trl_python):
         p.error(f"--trl-python {args.trl_python}: no such file")
     args.work_dir = os.path.abspath(args.work_dir)
@@ -304,6 +317,16 @@ def main(argv=None) -> int:
                           "reward_ms": args.reward_ms, "reward_busy": args.reward_busy,
                           "overrides": args.overrides, "cpus": os.cpu_count(), "load_avg_1m_at_start": load},
               "results": {}}
+    if args.best_precision:
+        from _equal_work import cpu_in_hand, run_equal_work
+
+        report["setting"]["cpu"] = cpu_in_hand()
+        args.modes = []  # equal work only
+        for size in args.sizes:
+            report["results"][f"{size}/equal_work"] = entry = run_equal_work(args, paths, size, run_ours, run_trl)
+            entry["load_avg_1m_after"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+            print(f"[e2e] {size}/equal_work: {entry.get('best')} ratio {entry.get('ratio_to_trl_best_precision')}",
+                  file=sys.stderr, flush=True)
     for size in args.sizes:
         for mode in args.modes:
             entry = {"hybridflow": run_ours(args, paths, size, mode)}
@@ -379,7 +402,7 @@ def main(argv=None) -> int:
             print(f"[e2e] {size}/{mode}: ours {ours} s/step, trl {trl}", file=sys.stderr, flush=True)
     report["wall_s"] = round(time.perf_counter() - start, 1)
     report["load_avg_1m_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    loads = [load, report["load_avg_1m_at_end"]] + [e["load_avg_1m_after"] for e in report["results"].values()]
+    loads = [load, report["load_avg_1m_at_end"]] + [e.get("load_avg_1m_after") for e in report["results"].values()]
     if max(x or 0.0 for x in loads) > (os.cpu_count() or 1):
         # Our workers run 1 thread each; TRL runs one process with one thread per core, whose OpenMP
         # barriers wait on preempted threads. Measured here at load ~20 on 2 cores: TRL's medium step
@@ -387,7 +410,7 @@ def main(argv=None) -> int:
         report["warning"] = ("machine busy (load average above the core count): times are inflated and the "
                              "ratio to TRL is biased in our favour; re-run on an idle machine")
     print(json.dumps(report, indent=2))
-    return 0 if all("error" not in e["hybridflow"] for e in report["results"].values()) else 1
+    return 0 if all("error" not in e.get("hybridflow", {}) for e in report["results"].values()) else 1
 
 
 if __name__ == "__main__":
