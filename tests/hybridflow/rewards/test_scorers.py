@@ -99,7 +99,7 @@ def test_default_dispatch_by_data_source():
     assert default_compute_score("openai/gsm8k", GSM_RESPONSE, "72") == 1.0
     assert default_compute_score("gsm8k", GSM_RESPONSE, "72", extra_info={"split": "test"}) == 1.0
     assert default_compute_score("count", "137 138 139</s>", "137 138 139") == 1.0
-    assert set(RULE_SCORERS) == {"arithmetic", "count", "gsm8k", "openai/gsm8k"}
+    assert set(RULE_SCORERS) == {"arithmetic", "count", "gsm8k", "openai/gsm8k", "tool_arithmetic"}
 
 
 def test_unknown_data_source_error_names_sources_and_fix():
