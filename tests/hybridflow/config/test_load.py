@@ -197,7 +197,7 @@ def test_split_cli_args():
 
 def test_an_unknown_config_name_lists_the_recipes_and_maps_verls_names():
     with pytest.raises(ConfigError, match=r"--config-name ppo_trainer: no such config .*: use one of "
-                                          r"base, dapo, grpo, grpo_async, gspo, ppo, remax, sft \(verl's ppo_trainer is 'ppo' here\)"):
+                                          r"base, dapo, grpo, grpo_async, grpo_tools, gspo, ppo, remax, sft \(verl's ppo_trainer is 'ppo' here\)"):
         compose_config("ppo_trainer")
     assert compose_config("grpo.yaml").algorithm.adv_estimator == "grpo"
 
@@ -311,7 +311,7 @@ def test_help_and_cfg_job_print_instead_of_running():
     overrides applied, as YAML that loads back to the same run config; anything else runs."""
     assert cli_info(["--config-name", "grpo", "data.seed=1"], "ppo", "usage") is None
     help_text = cli_info(["-h"], "ppo", "usage: main_ppo")
-    assert help_text.startswith("usage: main_ppo") and "grpo, grpo_async, gspo, ppo, remax" in help_text
+    assert help_text.startswith("usage: main_ppo") and "grpo, grpo_async, grpo_tools, gspo, ppo, remax" in help_text
     printed = cli_info(["--config-name", "grpo", "--cfg", "job", "actor_rollout_ref.rollout.n=8"], "ppo", "")
     loaded = load_config(OmegaConf.create(printed))
     assert loaded == load_config(compose_config("grpo", ["actor_rollout_ref.rollout.n=8"]))
