@@ -10,9 +10,12 @@ is run as ``trainer.placement=auto`` itself in the first round) for ``--steps`` 
 in turns (``--rounds`` > 1 runs every plan again, in reverse order, and takes the median: the
 machine's slow spells then hit every plan), and the JSON says:
 
-- per plan: predicted step time and peak memory per slot, measured median step time and stages;
-- ``spearman``: rank correlation of predicted and measured step times (goal >= 0.8);
-- ``chosen_over_best``: the measured time of the planner's choice over the best measured (goal <= 1.10).
+- per plan: predicted step time, stages and peak memory per slot; every measured step time after the
+  warm-up, their fastest (``measured_step_s``) and median, and the stages;
+- ``spearman``: rank correlation of predicted and measured (fastest) step times (goal >= 0.8);
+- ``chosen_over_best``: the measured time of the planner's choice over the best measured (goal <= 1.10);
+- the same two over the medians (``*_median``). The fastest is the headline: other processes on a
+  shared machine only ever add time to a step (calibration takes the best of its repeats too).
 
 The cost model's CPU terms come from the calibration alone (``hybridflow/placement/calibrate.py``,
 run before any plan is measured, cached); nothing measured here feeds back into a prediction.
@@ -188,6 +191,7 @@ def parse_args(argv):
     p.add_argument("--response-length", type=int, default=16)
     p.add_argument("--micro-batch", type=int, default=64)
     p.add_argument("--plan-only", action="store_true", help="print the predictions, run nothing")
+    p.add_argument("--resummarise", metavar="REPORT.json", help="recompute a saved report's statistics, run nothing")
     p.add_argument("--recalibrate", action="store_true", help="measure the machine again (else the cached)")
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench-e2e"))
     p.add_argument("--timeout", type=int, default=600)
@@ -205,6 +209,9 @@ def main(argv=None) -> int:
     from e2e import SIZES
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.resummarise:
+        print(json.dumps(resummarise(args.resummarise), indent=2))
+        return 0
     t0 = time.perf_counter()
     paths = build_assets(args.work_dir, ["medium"])
     paths["rm"] = make_reward_model(os.path.join(args.work_dir, "models", "qwen2-medium-rm"), SIZES["medium"])
@@ -235,10 +242,7 @@ def main(argv=None) -> int:
             print(f"[planner] plan {i} round {r}: predicted {rows[i]['predicted_step_s']} s, measured "
                   f"{res.get('step_s', res.get('error'))}", file=sys.stderr, flush=True)
     for row in rows:
-        # the median of every step after the warm-up, over all rounds
-        steps = [x for m in row["measured"] for x in m.get("step_times_s", [])]
-        row["measured_step_s"] = round(statistics.median(steps), 4) if steps else None
-        row["measured_step_times_s"] = steps
+        row["measured_step_times_s"] = [x for m in row["measured"] for x in m.get("step_times_s", [])]
         row["measured_stages"] = [m.get("timing_s") for m in row["measured"] if "timing_s" in m]
         for m in row["measured"]:
             if "auto_ran_this_plan" in m:
@@ -246,18 +250,44 @@ def main(argv=None) -> int:
                                                         "stderr": m["auto_stderr"]}
         row["errors"] = [m for m in row["measured"] if "error" in m]
         del row["measured"]
-    ok = [r for r in rows if r["measured_step_s"]]
     report["plans"] = rows
-    if len(ok) >= 2:
-        pred, meas = [r["predicted_step_s"] for r in ok], [r["measured_step_s"] for r in ok]
-        report["plans_measured"] = len(ok)
-        report["spearman"] = round(spearman(pred, meas), 3)
-        report["chosen_over_best"] = round(chosen_over_best(pred, meas), 3)
-        report["goals"] = {"plans_measured": ">= 6", "spearman": ">= 0.8", "chosen_over_best": "<= 1.10"}
+    report.update(summary(rows))
     report["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(report, indent=2))
-    return 0 if ok and len(ok) == len(rows) else 1
+    return 0 if all(r["measured_step_s"] for r in rows) else 1
+
+
+def summary(rows: list[dict]) -> dict:
+    """Each plan's measured step time, two ways over its steps after the warm-up (every round): the
+    fastest (the headline: other processes on a shared machine only ever add time to a step, the rule
+    calibrate.py's best-of repeats follow too) and the median; then, for each, Spearman's correlation
+    with the predictions and the choice's time over the best measured."""
+    out = {}
+    for row in rows:
+        steps = row.get("measured_step_times_s") or []
+        row["measured_step_s"] = round(min(steps), 4) if steps else None
+        row["measured_median_step_s"] = round(statistics.median(steps), 4) if steps else None
+    ok = [r for r in rows if r["measured_step_s"]]
+    if len(ok) >= 2:
+        pred = [r["predicted_step_s"] for r in ok]
+        fastest, median = [r["measured_step_s"] for r in ok], [r["measured_median_step_s"] for r in ok]
+        out.update(plans_measured=len(ok), spearman=round(spearman(pred, fastest), 3),
+                   chosen_over_best=round(chosen_over_best(pred, fastest), 3),
+                   spearman_median=round(spearman(pred, median), 3),
+                   chosen_over_best_median=round(chosen_over_best(pred, median), 3),
+                   goals={"plans_measured": ">= 6", "spearman": ">= 0.8", "chosen_over_best": "<= 1.10"})
+    return out
+
+
+def resummarise(path: str) -> dict:
+    """A saved report's statistics computed again from its step times (no run)."""
+    with open(path) as f:
+        report = json.load(f)
+    for key in ("spearman", "chosen_over_best", "spearman_median", "chosen_over_best_median"):
+        report.pop(key, None)
+    report.update(summary(report["plans"]))
+    return report
 
 
 if __name__ == "__main__":

@@ -47,3 +47,15 @@ def test_pick_measures_the_choice_every_placement_and_a_spread():
     assert {c.estimate.plan.placement for c in picked} == {"colocate", "separate", "colocate+rm-pool"}
     assert [c.estimate.step_s for c in picked] == sorted(c.estimate.step_s for c in picked)
     assert len(planner.pick(cands, 10)) == 7  # every distinct signature
+
+
+def test_summary_ranks_by_each_plans_fastest_step_and_its_median():
+    rows = [{"predicted_step_s": 1.0, "measured_step_times_s": [3.0, 9.0, 8.0]},  # a slow spell
+            {"predicted_step_s": 2.0, "measured_step_times_s": [4.0, 4.1, 4.2]},
+            {"predicted_step_s": 3.0, "measured_step_times_s": [5.0, 5.0, 5.1]}]
+    out = planner.summary(rows)
+    assert [r["measured_step_s"] for r in rows] == [3.0, 4.0, 5.0]
+    assert [r["measured_median_step_s"] for r in rows] == [8.0, 4.1, 5.0]
+    assert out["spearman"] == pytest.approx(1.0) and out["chosen_over_best"] == 1.0
+    assert out["spearman_median"] == pytest.approx(-0.5) and out["chosen_over_best_median"] == round(8.0 / 4.1, 3)
+    assert out["plans_measured"] == 3
