@@ -216,7 +216,8 @@ async def _run_all(server: EngineTokenServer, runner: AgentRunner, loop_settings
     loops: dict[str, object] = {}
 
     def loop_of(i: int):
-        name = names[i] if names is not None and names[i] else runner.default_loop
+        # a row without a name (None, or a table's NaN) runs the default loop
+        name = names[i] if names is not None and isinstance(names[i], str) and names[i] else runner.default_loop
         if name not in loops:
             loops[name] = resolve_agent_loop(name)(server, runner.tokenizer, loop_settings, runner.tools)
         return loops[name]
