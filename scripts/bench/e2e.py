@@ -307,6 +307,9 @@ def main(argv=None) -> int:
         from _trl_common import ensure_trl  # this folder is sys.path[0] when run as a script
 
         ensure_trl(args.trl_python)
+        # TRL's process inherits this one's oneDNN/ATen ISA caps (hybridflow/device.py sets them at import:
+        # AVX512-BF16 at most, AVX2 under HYBRIDFLOW_CPU_ISA=avx2), so both sides run on the same kernels
+        import hybridflow.device  # noqa: F401
     args.reward_overrides = reward_overrides(args)  # the grader's file is written once, for every run
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     args.auto_dtype = actor_dtype(args.overrides)
