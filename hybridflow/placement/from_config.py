@@ -107,6 +107,9 @@ def apply_plan(cfg, plan: Plan) -> list[str]:
     else:
         raise LocalPlanError(f"placement {kind} is planned but not built here (colocate and separate, each with "
                              "or without a reward model pool, are)")
+    # the slots were counted and calibrated at this many cores each (trainer.n_gpus_per_node=auto may
+    # have set it at load): the plan's worker counts only hold with it
+    out.append(f"trainer.cpus_per_worker={cfg.trainer.cpus_per_worker:g}")
     if reward is not None:
         out += ["reward_model.enable_resource_pool=true", f"reward_model.nnodes={nodes}",
                 f"reward_model.n_gpus_per_node={reward.slots // nodes}"]

@@ -70,7 +70,7 @@ def test_every_local_candidate_validates_and_runs_its_plan(ppo_overrides, monkey
         plan, t = cand.estimate.plan, planned.trainer
         seen.add(plan.placement)
         main = plan.pools[0]
-        assert t.n_gpus_per_node == main.slots
+        assert t.n_gpus_per_node == main.slots and t.cpus_per_worker == cfg.trainer.cpus_per_worker
         assert t.placement == plan.placement.split("+")[0]
         if t.placement == "separate":
             assert t.separate_pool_gpus_per_node == plan.pools[1].slots
