@@ -47,3 +47,20 @@ def test_choice_is_the_fastest_runnable_plan(ppo_overrides, fake_calibration):
     assert auto.chosen.estimate.step_s == min(c.estimate.step_s for c in auto.candidates)
     text = report(auto, top=2)
     assert text.count("s/step") == 3 and "chosen:" in text
+
+
+def test_on_gpus_the_datasheet_profile_of_the_card_is_planned_on(ppo_overrides, monkeypatch):
+    from hybridflow import device
+    from hybridflow.config import ConfigError, load_config
+    from hybridflow.placement.auto import plan_config
+    from recipes.cli import compose_config
+
+    cfg = load_config(compose_config("ppo", ppo_overrides + ["trainer.placement=auto"]))
+    monkeypatch.setattr(device, "uses_gpu", lambda requested: True)
+    monkeypatch.setattr(device, "device_count", lambda: 8)
+    monkeypatch.setattr(device, "device_name", lambda: "NVIDIA H100 80GB HBM3")
+    auto = plan_config(cfg)
+    assert "H100" in auto.device and sum(p.slots for p in auto.chosen.estimate.plan.pools) == 8
+    monkeypatch.setattr(device, "device_name", lambda: "Tesla T4")
+    with pytest.raises(ConfigError, match="no device profile for GPU 'tesla t4'"):
+        plan_config(cfg)
