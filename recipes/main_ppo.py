@@ -57,7 +57,8 @@ def load_and_validate(argv, default_config: str = "ppo"):
     name, overrides = split_cli_args(argv, default_config)
     cfg = ray_address_from_env(load_config(compose_config(name, overrides)))
     if cfg.trainer.placement == "auto":  # the planner's choice, as overrides after the user's
-        cfg = ray_address_from_env(load_config(compose_config(name, overrides + planned_placement(name, overrides, cfg))))
+        overrides = overrides + planned_placement(name, overrides, cfg)
+        cfg = ray_address_from_env(load_config(compose_config(name, overrides)))
     validate(cfg, available_slots=available_slots(cfg))
     return cfg
 

@@ -172,7 +172,8 @@ def measure(args, base: list[str], cand, tag: str, auto: bool = False) -> dict:
     if auto:
         ran = [ln.split("runs as:", 1)[1].split() for ln in run["stderr"].splitlines() if "runs as:" in ln]
         out["auto_ran_this_plan"] = bool(ran) and ran[0] == cand.overrides
-        out["auto_stderr"] = [ln for ln in run["stderr"].splitlines() if ln.startswith(("trainer.placement=auto", "  "))][:8]
+        said = run["stderr"].splitlines()
+        out["auto_stderr"] = [ln for ln in said if ln.startswith(("trainer.placement=auto", "  "))][:8]
     return out
 
 

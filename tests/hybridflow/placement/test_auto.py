@@ -6,7 +6,7 @@ import re
 import pytest
 
 from hybridflow.config import validate as real_validate
-from tests.hybridflow.placement.test_from_config import CPU, ppo_overrides  # noqa: F401  (fixture)
+from tests.hybridflow.placement.test_from_config import CPU
 
 
 @pytest.fixture

@@ -1,13 +1,10 @@
 """The planner's inputs from a run's config and its plans back as config (hybridflow/placement/from_config.py):
 every plan offered for ``trainer.placement=auto`` on 2 slots is a config that validates and builds the
 pools and layouts the plan describes; plans the runtime does not build are refused by name."""
-import json
-import os
-
 import pytest
 
 from hybridflow.config import ConfigError, load_config, validate
-from hybridflow.placement.devices import Cluster, DeviceProfile
+from hybridflow.placement.devices import DeviceProfile
 from hybridflow.placement.from_config import LocalPlanError, apply_plan, workload_from_config
 from hybridflow.placement.plans import Plan, Pool, RoleLayout
 from recipes.cli import compose_config
@@ -18,28 +15,6 @@ MEASURED = {"fwd_flops": {"fp32": 9.0e10, "bf16": 3.7e11}, "train_flops": {"fp32
             "decode_flops": {"fp32": 9.9e10, "bf16": 2.3e11}, "decode_step_s": 8e-3,
             "decode_step_s_by_dtype": {"fp32": 8e-3, "bf16": 5.4e-3}, "collective_latency_s": 1.8e-4, "threads": 1}
 CPU = DeviceProfile("cpu-1t", {"fp32": 1.1e11, "bf16": 5.0e11}, 12e9, 4.3e10, 1.5e9, 1.5e9, "test", MEASURED)
-
-
-def write_config(path):
-    """A model folder with only its config.json (the planner reads shapes, never weights)."""
-    os.makedirs(path, exist_ok=True)
-    cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-           "tie_word_embeddings": True, "max_position_embeddings": 512}
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return path
-
-
-@pytest.fixture
-def ppo_overrides(tmp_path):
-    model = write_config(str(tmp_path / "policy"))
-    rm = write_config(str(tmp_path / "rm"))
-    return [f"actor_rollout_ref.model.path={model}", f"reward_model.model.path={rm}", "reward_model.enable=true",
-            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.param_dtype=bf16",
-            "critic.param_dtype=bf16", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "data.max_prompt_length=16", "data.max_response_length=8", "trainer.n_gpus_per_node=2"]
 
 
 def load(overrides):
