@@ -131,8 +131,9 @@ def run_lockstep(llm, tool, tokenizer, prompts, lengths):
     ids = [list(p) for p in prompts]
     turns = [[] for _ in prompts]
     for t in range(len(lengths[0])):
-        params = [SamplingParams(temperature=0.0, max_tokens=lengths[i][t], ignore_eos=True, detokenize=False)
-                  for i in range(len(prompts))]
+        # the sampled token's log-prob, as the rollout of an RL step (and the token server) asks for
+        params = [SamplingParams(temperature=0.0, max_tokens=lengths[i][t], ignore_eos=True, detokenize=False,
+                                 logprobs=0) for i in range(len(prompts))]
         outs = llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
         for i, out in enumerate(outs):
             turns[i].append(list(out.outputs[0].token_ids))
@@ -209,7 +210,8 @@ def main(argv=None):
     arr = np.asarray(lengths)
     result["lengths"] = {"generated_tokens": generated, "median": float(np.median(arr)), "max": int(arr.max()),
                          "longest_turn_per_turn": arr.max(axis=0).tolist(),
-                         "longest_trajectory": int(arr.sum(axis=1).max()), "ideal_ratio": round(ideal_ratio(lengths), 3)}
+                         "longest_trajectory": int(arr.sum(axis=1).max()),
+                         "ideal_ratio": round(ideal_ratio(lengths), 3)}
     result["settings"] = vars(args)
     print(json.dumps(result, indent=2))
     assert same, f"{differing} trajectories' greedy tokens differ between the two modes"
