@@ -58,13 +58,18 @@ def load_tokenizer(path: str):
 def save_char_tokenizer(path: str):
     tok = make_char_tokenizer()
     tok.save_pretrained(path)
+    mark_as_hybridflow_tokenizer(path)
+    return tok
+
+
+def mark_as_hybridflow_tokenizer(path: str) -> None:
+    """Tag a saved tokenizer folder so :func:`load_tokenizer` loads it as saved (the qwen2 trap)."""
     cfg_file = os.path.join(path, "tokenizer_config.json")
     with open(cfg_file) as f:
         cfg = json.load(f)
     cfg["hybridflow_char"] = True
     with open(cfg_file, "w") as f:
         json.dump(cfg, f, indent=2)
-    return tok
 
 
 TINY_ARCHS = ("qwen2", "llama", "qwen3", "mistral")

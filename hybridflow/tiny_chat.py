@@ -22,10 +22,9 @@ structured ``tool_calls`` render as compact Hermes JSON; consecutive tool messag
 """
 from __future__ import annotations
 
-import json
 import os
 
-from hybridflow.tiny import BOS, EOS, PAD, char_vocab
+from hybridflow.tiny import BOS, EOS, PAD, char_vocab, mark_as_hybridflow_tokenizer
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -111,12 +110,7 @@ def save_chat_tokenizer(path: str):
     """Save it under ``path`` marked as hybridflow's (``hybridflow.tiny.load_tokenizer`` reads it as saved)."""
     tok = make_chat_tokenizer()
     tok.save_pretrained(path)
-    cfg_file = os.path.join(path, "tokenizer_config.json")
-    with open(cfg_file) as f:
-        cfg = json.load(f)
-    cfg["hybridflow_char"] = True
-    with open(cfg_file, "w") as f:
-        json.dump(cfg, f, indent=2)
+    mark_as_hybridflow_tokenizer(path)
     return tok
 
 
