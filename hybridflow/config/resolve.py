@@ -93,33 +93,13 @@ def predict_layout_step_s(cfg, workers: int, threads: int) -> float:
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"trainer.n_gpus_per_node=auto predicts from the model's config.json, which could not "
                           f"be read ({err}): set trainer.n_gpus_per_node explicitly") from err
-    cal = calibrate(workload, 1, slots=workers) if threads == 1 else _calibrate_threads(workload, threads, workers)
+    cal = calibrate(workload, threads, slots=workers)
     best = plan(workload, Cluster(cfg.trainer.nnodes, workers, cal.device), cal.planner_arg(),
                 placements=("colocate",)).best
     if best is None:
         raise ConfigError(f"trainer.n_gpus_per_node=auto: no plan of {workers} worker(s) fits this host's memory: "
                           "set trainer.n_gpus_per_node explicitly")
     return best.step_s
-
-
-COLLECTIVE_KEYS = ("collective_latency_s", "all_reduce_bw", "all_gather_bw", "reduce_scatter_bw")
-
-
-def _calibrate_threads(workload, threads: int, workers: int):
-    """calibrate() at ``threads`` > 1 with the 1-thread slot's gloo figures: its collective probe forks
-    2 processes after OpenMP has started ``threads`` threads in this one, and the forked ranks hang
-    in their first parallel region (measured: 90 s, then queue.Empty). Gloo's rate barely depends
-    on torch's threads, and a 1-worker layout runs no collectives at all."""
-    from hybridflow.placement import calibrate as probe
-
-    measured = probe.calibrate(workload, 1, slots=workers).measured
-    borrowed = {k: measured[k] for k in COLLECTIVE_KEYS if k in measured}
-    saved = probe.gloo_collectives
-    probe.gloo_collectives = lambda _threads: dict(borrowed)
-    try:
-        return probe.calibrate(workload, threads, slots=workers)
-    finally:
-        probe.gloo_collectives = saved
 
 
 @functools.cache

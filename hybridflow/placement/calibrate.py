@@ -54,11 +54,13 @@ def cpu_identity() -> str:
 
 
 def cache_key(threads: int, shape: ModelShape, batch: dict) -> str:
-    """What the measurements depend on: CPU model and flags, torch version, threads per slot, and
+    """What the measurements depend on: CPU model and flags (and the ISA switch), torch version, threads per slot, and
     the model shape and batch sizes the per-token rates were measured at."""
     import torch
 
-    ident = json.dumps({"v": CACHE_VERSION, "cpu": cpu_identity(), "torch": torch.__version__, "threads": threads,
+    # HYBRIDFLOW_CPU_ISA=avx2 runs this CPU's AVX2 kernels: other rates, so another entry
+    ident = json.dumps({"v": CACHE_VERSION, "cpu": cpu_identity(), "isa": os.environ.get("HYBRIDFLOW_CPU_ISA", ""),
+                        "torch": torch.__version__, "threads": threads,
                         "shape": asdict(shape), "batch": batch}, sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
@@ -338,7 +340,9 @@ def gloo_collectives(threads: int) -> dict:
     import multiprocessing as mp
     import warnings
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # spawn, not fork: a process forked after OpenMP started its threads (calibrating at 2+ threads)
+    # hangs in its first parallel region (seen: 90 s, then queue.Empty)
+    ctx = mp.get_context("spawn")
     numel = 4 * 2 ** 20  # fp32: 16 MB
     q = ctx.Queue()
     port = _free_port()
@@ -349,7 +353,7 @@ def gloo_collectives(threads: int) -> dict:
         for p in procs:
             p.start()
         try:
-            t = q.get(timeout=90)
+            t = q.get(timeout=180)  # spawned ranks import torch first
         finally:
             for p in procs:
                 p.join(timeout=30)

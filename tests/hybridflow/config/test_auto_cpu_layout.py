@@ -78,20 +78,3 @@ def test_on_a_gpu_node_auto_is_its_gpu_count():
     trainer, said = SimpleNamespace(n_gpus_per_node="auto", cpus_per_worker=1.0), []
     auto_cpu_layout.resolve(trainer, 16, False, lambda: True, lambda: 8, None, said.append)
     assert trainer.n_gpus_per_node == 8 and said == ["n_gpus_per_node=auto -> 8: one worker per GPU of this node."]
-
-
-def test_a_multi_thread_slot_borrows_the_one_thread_gloo_figures_and_restores_the_probe(monkeypatch):
-    """calibrate()'s collective probe forks after OpenMP started threads and hangs at threads > 1."""
-    from hybridflow.placement import calibrate as probe
-
-    original, seen = probe.gloo_collectives, []
-
-    def fake_calibrate(workload, threads, slots=1, **_):
-        if threads == 1:
-            return SimpleNamespace(measured={"all_reduce_bw": 2e9, "collective_latency_s": 2e-4, "fwd_flops": {}})
-        seen.append(probe.gloo_collectives(threads))  # what measure() would call
-        return "two-thread slot"
-
-    monkeypatch.setattr(probe, "calibrate", fake_calibrate)
-    assert resolve_mod._calibrate_threads(object(), 2, 1) == "two-thread slot"
-    assert seen == [{"all_reduce_bw": 2e9, "collective_latency_s": 2e-4}] and probe.gloo_collectives is original

@@ -86,3 +86,26 @@ def test_cpu_identity_names_model_and_flags():
     assert model
     if os.path.exists("/proc/cpuinfo"):
         assert flags and flags == " ".join(sorted(flags.split()))
+
+
+def test_the_gloo_probe_runs_after_this_process_started_openmp_threads(monkeypatch):
+    """calibrate() at 2 threads (n_gpus_per_node=auto's one-worker candidate) probes gloo after the
+    parent ran multi-threaded matmuls: forked ranks hung there, spawned ones do not."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.randn(256, 256) @ torch.randn(256, 256)  # starts OpenMP's pool in this process
+        out = cal.gloo_collectives(2)
+    finally:
+        torch.set_num_threads(threads)
+    assert out["collective_latency_s"] > 0 and out["all_reduce_bw"] > 0 and out["all_gather_bw"] > 0
+
+
+def test_the_cache_key_tells_the_avx2_switch_apart(monkeypatch):
+    shape = ModelShape("m", hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=128)
+    monkeypatch.delenv("HYBRIDFLOW_CPU_ISA", raising=False)
+    native = cal.cache_key(1, shape, {"micro": 4})
+    monkeypatch.setenv("HYBRIDFLOW_CPU_ISA", "avx2")
+    assert cal.cache_key(1, shape, {"micro": 4}) != native
