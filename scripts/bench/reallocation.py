@@ -235,14 +235,10 @@ def measure(argv) -> dict:
 
 def _cpu() -> str:
     """The CPU's model and the flags a speed figure depends on (docs: the CPU is not always the same)."""
-    model, flags = "", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    return f"{model} [{' '.join(x for x in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if x in flags)}]"
+    from _equal_work import cpu_in_hand
+
+    cpu = cpu_in_hand()
+    return f"{cpu['model']} [{' '.join(cpu['flags'])}]"
 
 
 def _ideal(dealt, half: int, step_cost: dict) -> float:
