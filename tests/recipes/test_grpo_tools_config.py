@@ -10,11 +10,12 @@ def test_missing_tool_demo_assets_name_the_command_that_builds_them(ray_starts, 
     with pytest.raises(ConfigError) as err:
         main_ppo.load_and_validate([
             "--config-name", "grpo_tools", "data.train_files=[data/tool_arithmetic/missing.parquet]",
+            "data.val_files=[data/tool_arithmetic/missing-val.parquet]",  # whether or not the demo ran here
             "actor_rollout_ref.model.path=data/models/tiny-llama-chat-missing",
             f"trainer.default_local_dir={tmp_path}"])
     message = str(err.value)
-    assert "data.train_files[0]" in message and "actor_rollout_ref.model.path" in message
-    assert message.count("`python -m recipes.demo_tools` builds") == 2, message
+    assert all(key in message for key in ("data.train_files[0]", "data.val_files[0]", "actor_rollout_ref.model.path"))
+    assert message.count("`python -m recipes.demo_tools` builds") == 3, message
     assert not ray_starts
 
 
