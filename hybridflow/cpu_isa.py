@@ -28,6 +28,24 @@ ENV = "HYBRIDFLOW_CPU_ISA"
 _CHOICES = ("avx2", "native")
 
 
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """The first CPU's model name and feature flags from /proc/cpuinfo ("" and an empty set where
+    there is none): what the speed figures and the calibration cache depend on."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return model, flags
+
+
 def forced_avx2() -> bool:
     """Whether this process should behave as on an AVX2-only CPU."""
     value = os.environ.get(ENV, "native").strip().lower() or "native"

@@ -40,17 +40,10 @@ def cache_dir() -> str:
 
 def cpu_identity() -> str:
     """The CPU's model name and feature flags (what decides its kernels' speed), from /proc/cpuinfo."""
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return f"{model}|{flags}"
+    from hybridflow.cpu_isa import cpu_model_and_flags
+
+    model, flags = cpu_model_and_flags()
+    return f"{model or platform.processor() or platform.machine()}|{' '.join(sorted(flags))}"
 
 
 def cache_key(threads: int, shape: ModelShape, batch: dict) -> str:

@@ -14,6 +14,7 @@ import os
 import statistics
 
 from hybridflow.cpu_isa import ENV as ISA_ENV
+from hybridflow.cpu_isa import cpu_model_and_flags
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 EQUAL_WORK = ("actor_rollout_ref.actor.skip_zero_advantage=false",)
@@ -22,16 +23,7 @@ EQUAL_WORK = ("actor_rollout_ref.actor.skip_zero_advantage=false",)
 def cpu_in_hand() -> dict:
     """The CPU's model, the ISA flags that decide its kernels, and the HYBRIDFLOW_CPU_ISA switch
     (avx2: this CPU runs oneDNN's and ATen's AVX2 code, as an AVX2-only machine does)."""
-    model, flags = "", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    model, flags = cpu_model_and_flags()
     forced = os.environ.get(ISA_ENV, "native") or "native"
     present = [f for f in ISA_FLAGS if f in flags]
     effective = ["avx2", "fma"] if forced == "avx2" else present

@@ -193,17 +193,10 @@ def main(argv=None) -> dict:
 
 def _machine() -> str:
     """The CPU's model name and whether it has the AVX512-BF16 and AVX2 flags (/proc/cpuinfo)."""
-    name, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name == "unknown CPU":
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    from hybridflow.cpu_isa import cpu_model_and_flags
+
+    name, flags = cpu_model_and_flags()
+    name = name or "unknown CPU"
     isa = "AVX512-BF16" if "avx512_bf16" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return f"{name} ({isa}), {os.cpu_count()} cores"
 
