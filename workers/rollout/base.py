@@ -226,10 +226,21 @@ def build_rollout_batch(prompts: DataProto, samples: Sequence[Sequence[tuple[lis
         log_probs[r, :k] = torch.tensor(lps, dtype=torch.float32)
 
     repeated = prompts.repeat(n, interleave=True)
-    prompt_ids = repeated.batch["input_ids"].long()
-    prompt_mask = repeated.batch["attention_mask"].long()
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    tensors = {
+    tensors = rl_batch_tensors(repeated.batch["input_ids"].long(), repeated.batch["attention_mask"].long(),
+                               responses, response_mask, log_probs)
+    return DataProto.from_dict(tensors=tensors, non_tensors=repeated.non_tensor_batch,
+                               meta_info=dict(prompts.meta_info))
+
+
+def rl_batch_tensors(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+                     response_mask: torch.Tensor, log_probs: torch.Tensor,
+                     response_attention: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The RL batch's tensors from left-padded prompts and right-padded responses.
+    ``response_attention`` marks the response's real tokens where they are more than the trained
+    ones (a trajectory's tool tokens: attended to, not trained); by default ``response_mask``."""
+    attention_mask = torch.cat([prompt_mask, response_mask if response_attention is None else response_attention],
+                               dim=1)
+    return {
         "prompts": prompt_ids,
         "responses": responses,
         "response_mask": response_mask,
@@ -238,8 +249,6 @@ def build_rollout_batch(prompts: DataProto, samples: Sequence[Sequence[tuple[lis
         "position_ids": torch.clamp(torch.cumsum(attention_mask, dim=1) - 1, min=0),
         "rollout_log_probs": log_probs,
     }
-    return DataProto.from_dict(tensors=tensors, non_tensors=repeated.non_tensor_batch,
-                               meta_info=dict(prompts.meta_info))
 
 
 def generation_layout(rank: int, world_size: int, tp_size: int) -> tuple[int, int, bool]:

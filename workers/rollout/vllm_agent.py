@@ -36,6 +36,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.trajectory import AGENT_COLUMNS, TOOL_OUTPUTS
+from workers.rollout.base import rl_batch_tensors
 
 
 class EngineTokenServer:
@@ -285,16 +286,7 @@ def assemble_batch(outputs, prompt_length: int, response_length: int, pad_token_
             response_real[r, :k] = 1
             log_probs[r, :k] = torch.tensor(o.response_logprobs, dtype=torch.float32) * response_mask[r, :k]
         tool_outputs[r] = list(o.extra_fields.get("tool_outputs", []))
-    attention_mask = torch.cat([prompt_mask, response_real], dim=1)
-    tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": response_mask,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": torch.clamp(torch.cumsum(attention_mask, dim=1) - 1, min=0),
-        "rollout_log_probs": log_probs,
-    }
+    tensors = rl_batch_tensors(prompts, prompt_mask, responses, response_mask, log_probs, response_real)
     for column, metric in AGENT_COLUMNS.items():
         if metric == "num_turns":
             values = [float(o.num_turns) for o in outputs]
