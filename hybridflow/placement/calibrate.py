@@ -21,12 +21,12 @@ import hashlib
 import json
 import os
 import platform
-import socket
 import time
 from dataclasses import asdict, dataclass
 
 from hybridflow.placement.devices import DeviceProfile
 from hybridflow.placement.workload import ModelShape, Workload
+from hybridflow.ports import free_rendezvous_port
 
 CACHE_VERSION = 3
 DTYPES = ("fp32", "bf16")
@@ -285,12 +285,6 @@ def copy_bandwidth() -> float:
     return 2.0 * src.numel() * 4 / t
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _collectives_rank(rank: int, port: int, threads: int, numel: int, out) -> None:
     import datetime
 
@@ -338,7 +332,7 @@ def gloo_collectives(threads: int) -> dict:
     ctx = mp.get_context("spawn")
     numel = 4 * 2 ** 20  # fp32: 16 MB
     q = ctx.Queue()
-    port = _free_port()
+    port = free_rendezvous_port("127.0.0.1")  # below the ephemeral range: no outgoing connection takes it first
     with warnings.catch_warnings():  # torch names the *_into_tensor collectives deprecated in favour of *_single
         warnings.simplefilter("ignore", FutureWarning)
         procs = [ctx.Process(target=_collectives_rank, args=(r, port, threads, numel, q), daemon=True)
