@@ -9,9 +9,9 @@ the placements and layouts the runtime builds are candidates for ``trainer.place
 """
 from __future__ import annotations
 
-import json
 import os
 
+from hybridflow.model_files import read_json
 from hybridflow.placement.devices import Cluster, DeviceProfile
 from hybridflow.placement.plans import Plan, RoleLayout
 from hybridflow.placement.workload import ModelShape, Workload
@@ -24,8 +24,8 @@ class LocalPlanError(ValueError):
 
 
 def _shape(path: str, name: str) -> ModelShape:
-    with open(os.path.join(path, "config.json")) as f:
-        return ModelShape.from_hf_config(json.load(f), name=name)
+    # read_json: a corrupt config.json fails in one line naming it, as everywhere else
+    return ModelShape.from_hf_config(read_json(os.path.join(path, "config.json")), name=name)
 
 
 def workload_from_config(cfg) -> Workload:
