@@ -15,6 +15,7 @@ import math
 import os
 import sys
 
+from hybridflow.model_files import read_json
 from hybridflow.placement.devices import PROFILES, Cluster, device_by_name
 from hybridflow.placement.planner import PlanResult, plan
 from hybridflow.placement.workload import ALIASES, CATALOG, ModelShape, Workload, model_by_name
@@ -28,8 +29,7 @@ def _model(spec: str | None) -> ModelShape | None:
         return None
     path = os.path.join(spec, "config.json") if os.path.isdir(spec) else spec
     if os.path.isfile(path):
-        with open(path) as f:
-            return ModelShape.from_hf_config(json.load(f), name=os.path.basename(os.path.dirname(os.path.abspath(path))))
+        return ModelShape.from_hf_config(read_json(path), name=os.path.basename(os.path.dirname(os.path.abspath(path))))
     return model_by_name(spec)
 
 
@@ -155,7 +155,7 @@ def as_text(w: Workload, c: Cluster, r: PlanResult, top: int) -> str:
                   "  per role (GiB/device): " + _mem_line(best), ""]
         alts = alternatives(r, top)[1:]
         if alts:
-            lines.append(f"alternatives (best of each placement and allocation):")
+            lines.append("alternatives (best of each placement and allocation):")
             lines.append(f"  {'step s':>8} {'x best':>7} {'peak GiB':>8}  plan")
             for e in alts:
                 mark = "" if e.plan.runnable_here else " *"
