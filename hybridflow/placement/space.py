@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from functools import lru_cache
 
 from hybridflow.placement.cost import TRAINED, Coster, resident_bytes
 from hybridflow.placement.plans import Plan, Pool, RoleLayout

@@ -15,7 +15,6 @@ import asyncio
 import os
 import time
 
-import numpy as np
 import pytest
 import torch
 import yaml
