@@ -21,7 +21,8 @@ written every ``retune_steps`` steps into vLLM's dense batch size -> ``k`` table
 speculative decoding, ``num_speculative_tokens_per_batch_size``), which the scheduler and the
 proposers read each step. Exploring: a new engine drafts nothing until the cost line is measured,
 then drafts the most where that makes a step at most ``EXPLORE_COST`` times a plain one (the
-small batches of the long tail) until the acceptance is measured. The measurements persist
+small batches of the long tail) until the acceptance is measured, or until enough requests asked
+for drafts that the look-ups rarely find (then drafting ends there). The measurements persist
 across calls, so later batches start from the table the earlier ones chose.
 
 The tuner reads each step through the scheduler's ``schedule`` and ``update_from_output`` (wrapped
@@ -38,6 +39,10 @@ import numpy as np
 DECAY = 0.995
 # drafted positions measured before the tuner trusts the acceptance (else: draft the most)
 MIN_TRIED = 16
+# requests asked for drafts after which drafts that were rarely found end the exploring: where the
+# source finds none (the demo's 8-token answers share no n-gram), MIN_TRIED is never reached, and
+# exploring would keep drafting at every small batch for good
+MIN_ASKED = 64
 # how much dearer than a plain step an exploring step may be: drafting is tried where it is cheap
 EXPLORE_COST = 2.0
 
@@ -60,6 +65,7 @@ class DraftTuner:
         # how many of them got one: a look-up may find none. Steps that asked for none stay out,
         # else a run of such steps would read as drafts not found and hold the choice at 0.
         self.requests = self.with_draft = 0.0
+        self.explored = False  # the acceptance is measured (else: explore)
         self._asked = False  # the last step's k (the proposer drafts for the next step) was > 0
         self.fit = np.zeros((3, 4))  # decayed sums of f f^T | f y, f = (1, tokens, drafted), y = seconds
         self.steps_since = 0
@@ -157,8 +163,8 @@ class DraftTuner:
         return max(c0, 0.0), max(c1, 1e-9), max(c2, 0.0)
 
     def expected_tokens(self) -> list[float] | None:
-        """``E(k)`` for k = 0..k_max, or None before enough drafts were checked."""
-        if self.tried[1] < MIN_TRIED or self.requests <= 0:
+        """``E(k)`` for k = 0..k_max, or None while exploring (:meth:`_explored`)."""
+        if not self._explored() or self.requests <= 0:
             return None
         p_draft = self.with_draft / self.requests
         expected, run, last_q = [1.0], 1.0, 0.0
@@ -169,6 +175,18 @@ class DraftTuner:
             last_q = q
             expected.append(expected[-1] + p_draft * run)
         return expected
+
+    def _explored(self) -> bool:
+        """Whether the acceptance is measured: ``MIN_TRIED`` drafts were checked, or, where look-ups
+        rarely find a draft, ``MIN_ASKED`` requests asked for one (the few found then give the
+        acceptance; none found, ``E(k) = 1``). Both counts decay, and with no drafting they stop
+        growing: the tuner explores again once both fell to a quarter of their marks (some 280
+        steps later), since the policy and the answers change as training goes on."""
+        if self.tried[1] >= MIN_TRIED or self.requests >= MIN_ASKED:
+            self.explored = True
+        elif self.tried[1] < MIN_TRIED / 4 and self.requests < MIN_ASKED / 4:
+            self.explored = False
+        return self.explored
 
     def best_k(self, batch: int, expected: list[float], line: tuple[float, float, float]) -> int:
         c0, c1, c2 = line

@@ -90,6 +90,25 @@ def test_drafting_pays_in_the_tail_not_in_a_full_batch():
     assert tuner.table[1:] == [0] * 64
 
 
+def test_exploring_ends_where_look_ups_find_no_draft_and_resumes_later():
+    tuner = _tuner()
+    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])
+    tuner.retune()
+    assert tuner.table[1] == 4  # exploring
+    tuner.requests = 70.0  # asked for drafts at 70 decode requests, none found (the demo's answers)
+    tuner.retune()
+    assert tuner.table[1:] == [0] * 64  # no drafts checked, yet enough asked: E(k) = 1 everywhere
+    for _ in range(100):  # a hundred steps without drafting: still decided
+        tuner._decay()
+    tuner.retune()
+    assert tuner.table[1:] == [0] * 64
+    for _ in range(300):  # later (the policy moved on): explore again
+        tuner._decay()
+    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])  # the steps meanwhile
+    tuner.retune()
+    assert tuner.table[1] == 4
+
+
 def test_what_a_verifying_step_costs_beyond_its_tokens_counts():
     tuner = _tuner()
     plain = [(x, 0.01 + 1e-4 * x) for x in (10, 50, 100)]
