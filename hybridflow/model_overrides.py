@@ -7,6 +7,12 @@ consumer (FSDP and Megatron engines, the reference policy, the critic, and vLLM 
 carries the config it trained with. The config check before any worker starts
 (``hybridflow/config/validate.py``) calls :func:`override_errors` and :func:`external_lib_error`.
 transformers is imported lazily: the config package stays light without overrides.
+
+``attn_implementation`` is verl's one override that is not a config attribute: verl pops it out of
+``override_config`` and passes it to ``from_pretrained``, which is the only place transformers 5
+takes it (a plain attribute of that name is ignored). :func:`load_options` hands it to the HF
+model loader (``workers/engines/hf_model.py``); :func:`apply_overrides` leaves it out, so vLLM,
+which has attention kernels of its own, and the Megatron engine's model never see it.
 """
 from __future__ import annotations
 
@@ -23,6 +29,31 @@ SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
 ROPE_PARAMETER_KEYS = ("rope_theta",)
 # rope types that scale from the length the model was trained at (transformers' list)
 LENGTH_SCALING_ROPE_TYPES = ("llama3", "yarn", "longrope")
+# override_config keys that choose how transformers builds the model, passed to from_pretrained
+LOAD_KEYS = ("attn_implementation",)
+
+
+def load_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments ``overrides`` holds (``attn_implementation``)."""
+    return {k: v for k, v in (overrides or {}).items() if k in LOAD_KEYS}
+
+
+def attention_implementations() -> list[str]:
+    """The ``attn_implementation`` values transformers can build here: eager and its registered kernels."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ["eager", *(k for k in ALL_ATTENTION_FUNCTIONS if "|" not in k)]
+
+
+def _load_option_errors(key: str, options: Mapping[str, Any]) -> list[str]:
+    value = options.get("attn_implementation")
+    if value is None:  # null: transformers' default (sdpa where torch has it)
+        return []
+    known = attention_implementations()
+    if value not in known:
+        return [f"{key}.attn_implementation={value!r} is not an attention transformers knows: use one of {known} "
+                "(eager or sdpa on a CPU)"]
+    return []
 
 
 def import_external_lib(name: str | None) -> None:
@@ -87,7 +118,8 @@ def apply_overrides(config, overrides: Mapping[str, Any] | None):
     then standardised and validated by transformers (a bad rope_scaling fails here)."""
     config = copy.deepcopy(config)
     trained_length = getattr(config, "max_position_embeddings", None)
-    for key, value in (overrides or {}).items():
+    overrides = {k: v for k, v in (overrides or {}).items() if k not in LOAD_KEYS}
+    for key, value in overrides.items():
         _set(config, key, value)
     if overrides and isinstance(getattr(config, "rope_parameters", None), dict):
         for params in _rope_dicts(config):
@@ -130,10 +162,13 @@ def override_errors(key: str, hf: dict, overrides: Mapping[str, Any]) -> list[st
     name), one the weights fix, or a value transformers refuses. ``hf`` is config.json's dict."""
     if not overrides:
         return []
+    errors = _load_option_errors(key, load_options(overrides))
+    overrides = {k: v for k, v in overrides.items() if k not in LOAD_KEYS}
+    if not overrides:
+        return errors
     config = _config_of(hf)
     known = _attribute_names(config) if config is not None else set(hf)
     what = f"the model's config ({type(config).__name__})" if config is not None else "the model's config.json"
-    errors = []
     for name in overrides:
         if name in SHAPE_KEYS:
             errors.append(f"{key}.{name}: the checkpoint's weights fix {name} (it is {hf.get(name)!r}): remove "
@@ -157,7 +192,7 @@ def overridden_dict(hf: dict, overrides: Mapping[str, Any] | None) -> dict:
     """config.json's dict as the run sees it, for the size checks (shape keys are refused anyway)."""
     merged = dict(hf)
     for key, value in (overrides or {}).items():
-        if key in SHAPE_KEYS:
+        if key in SHAPE_KEYS or key in LOAD_KEYS:
             continue
         current = merged.get(key)
         merged[key] = _merged(current, value) if isinstance(current, Mapping) and isinstance(value, Mapping) else value

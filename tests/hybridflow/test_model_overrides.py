@@ -61,3 +61,19 @@ def test_external_lib_is_imported_or_named(tmp_path, monkeypatch):
         "k='hf_test_broken_lib' cannot be imported (RuntimeError: needs a GPU): install it or put its folder on "
         "PYTHONPATH")
     assert external_lib_error("k", None) is None
+
+
+def test_attn_implementation_is_a_load_option_not_a_config_attribute(config):
+    from hybridflow.model_overrides import load_options, override_errors
+
+    hf = config.to_dict()
+    # verl's key: accepted by the config check, handed to from_pretrained, kept off the config
+    # (vLLM builds its model from apply_overrides' config and has attention kernels of its own)
+    assert override_errors("k", hf, {"attn_implementation": "eager", "rms_norm_eps": 0.3}) == []
+    assert load_options({"attn_implementation": "eager", "rms_norm_eps": 0.3}) == {"attn_implementation": "eager"}
+    out = apply_overrides(config, {"attn_implementation": "eager", "rms_norm_eps": 0.3})
+    assert out.rms_norm_eps == 0.3 and "attn_implementation" not in vars(out)
+    assert "attn_implementation" not in overridden_dict(hf, {"attn_implementation": "eager"})
+    [error] = override_errors("k", hf, {"attn_implementation": "flash"})
+    assert error.startswith("k.attn_implementation='flash' is not an attention transformers knows")
+    assert "'eager'" in error and "'sdpa'" in error

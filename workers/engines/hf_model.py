@@ -1,11 +1,12 @@
 """The HF model a training engine starts from: the role's class (causal LM, or token
-classification with one label for a critic), ``model.override_config`` applied, and the settings
-that make its log-probs those of the vLLM policy (no dropout; Gemma-2's softcapped attention)."""
+classification with one label for a critic), ``model.override_config`` applied (its
+``attn_implementation`` as ``from_pretrained`` takes it, as verl does), and the settings that make
+its log-probs those of the vLLM policy (no dropout; Gemma-2's softcapped attention)."""
 from __future__ import annotations
 
 import torch
 
-from hybridflow.model_overrides import load_hf_config
+from hybridflow.model_overrides import load_hf_config, load_options
 
 
 def load_hf_model(model_path: str, role: str, overrides: dict | None = None,
@@ -15,9 +16,7 @@ def load_hf_model(model_path: str, role: str, overrides: dict | None = None,
     config = load_hf_config(model_path, overrides)
     if disable_dropout:
         _zero_dropout_settings(config)
-    # transformers applies Gemma-2's attention-logit softcapping in its eager attention only; vLLM
-    # always applies it, so SDPA here would leave the two policies 1e-3 apart in log-prob
-    kwargs = {"attn_implementation": "eager"} if getattr(config, "attn_logit_softcapping", None) else {}
+    kwargs = attention_choice(config, overrides)
     if role == "critic":  # after the overrides: the value head needs these whatever they say
         config.num_labels = 1
         config.classifier_dropout = 0.0  # the token-classification head otherwise defaults to 0.1
@@ -29,6 +28,17 @@ def load_hf_model(model_path: str, role: str, overrides: dict | None = None,
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
     return model
+
+
+def attention_choice(config, overrides: dict | None) -> dict:
+    """``from_pretrained``'s ``attn_implementation``: the override's when set (eager, sdpa, ...),
+    else eager for a model with attention-logit softcapping, else transformers' default (sdpa)."""
+    chosen = {k: v for k, v in load_options(overrides).items() if v is not None}
+    if chosen:
+        return chosen
+    # transformers applies Gemma-2's attention-logit softcapping in its eager attention only; vLLM
+    # always applies it, so SDPA here would leave the two policies 1e-3 apart in log-prob
+    return {"attn_implementation": "eager"} if getattr(config, "attn_logit_softcapping", None) else {}
 
 
 def _zero_dropout_settings(config) -> None:

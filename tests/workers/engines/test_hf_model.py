@@ -93,3 +93,27 @@ def test_an_hf_export_generates_with_its_cache(gpt2, tmp_path):
     write_hf_checkpoint(str(tmp_path / "hf"), tensors, model.config, "GPT2LMHeadModel", gpt2)
     assert AutoConfig.from_pretrained(str(tmp_path / "hf")).use_cache is True
     assert model.config.use_cache is False  # the engine's own config is left as it was
+
+
+def test_override_config_attn_implementation_builds_that_attention(tmp_path):
+    """verl's ``override_config.attn_implementation`` reaches from_pretrained (a config attribute
+    would be ignored); eager scores the same log-probs as SDPA on left-padded, grouped rows through
+    the shared-prompt path the update takes, and its gradients stay finite on padding."""
+    from tests.workers.engines.fsdp_helpers import make_grouped_rl_batch
+    from workers.engines import prefix_sharing
+
+    path = _save(tmp_path / "qwen2", "qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    b = make_grouped_rl_batch(3, 2, 6, 5, VOCAB).batch
+    ids, mask, pos = b["input_ids"], b["attention_mask"], b["position_ids"]
+    outs = {}
+    for impl in ("eager", "sdpa"):
+        model = load_hf_model(path, "actor", {"attn_implementation": impl})
+        assert model.config._attn_implementation == impl
+        shared = prefix_sharing.distinct_prompts(ids, mask, pos, 0, 6)
+        logits = prefix_sharing.shared_prefix_logits(model, ids, mask, pos, 0, 6, 11, *shared)
+        logits.float().log_softmax(-1).mul(b["response_mask"].unsqueeze(-1)).sum().backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        outs[impl] = logits.log_softmax(-1)[b["response_mask"].bool()]
+    assert torch.allclose(outs["eager"], outs["sdpa"], atol=1e-5)
+    assert load_hf_model(path, "critic", {"attn_implementation": "eager"}).config._attn_implementation == "eager"
