@@ -62,16 +62,19 @@ def load_prompts(parquet: str):
     return Dataset.from_dict({"prompt": prompts, "ground_truth": truths})
 
 
-def load_policy(model_path: str):
+def load_policy(model_path: str, attn_implementation: str | None = None):
     """The checkpoint in fp32 (as our recipes load it) and its char tokenizer, left-padded for
     generation. transformers 5 ignores a custom tokenizer.json under a qwen2 config with
-    AutoTokenizer (docs/environment.md), so the tokenizer is loaded as what it is."""
+    AutoTokenizer (docs/environment.md), so the tokenizer is loaded as what it is.
+    ``attn_implementation`` (eager, sdpa; None: transformers' default, sdpa) is what a TRL user
+    passes in ``GRPOConfig.model_init_kwargs``; the model is built here, so it is passed here."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_path)
     tokenizer.padding_side = "left"
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32), tokenizer
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **kwargs), tokenizer
 
 
 def reward_func(data_source: str):

@@ -17,7 +17,8 @@ still 3-10x slower in its forward) of every ``timing_s/*`` stage, plus tokens/s.
     .venv/bin/python scripts/bench/e2e.py --shm-too ...            # also with HYBRIDFLOW_SHM_COLLECTIVES=1
     .venv/bin/python scripts/bench/e2e.py --reward-ms 20 --async-reward-too  # a slow grader, inline vs async
     .venv/bin/python scripts/bench/e2e.py --sizes medium --best-precision --workers auto --trl-python --repeat 2
-                                                                   # ours / TRL at equal work, best dtype each
+                                                                   # ours / TRL at equal work, best dtype and
+                                                                   # attention each (--attention sdpa,eager)
 
 With ``--trl-python`` the TRL GRPOTrainer baseline (``trl_grpo_baseline.py``) runs on the same
 model, data and settings in the same invocation, in a process of its own: with no value in this
@@ -278,11 +279,17 @@ def parse_args(argv):
                         "here (param_dtype=auto's pick; both dtypes with --both-dtypes), interleaved; needs "
                         "--trl-python (scripts/bench/_equal_work.py)")
     p.add_argument("--repeat", type=int, default=1, help="--best-precision: interleaved rounds of the pair")
+    p.add_argument("--attention", default="sdpa,eager",
+                   help="--best-precision: comma list of attentions each side runs with, its faster one taken "
+                        "(sdpa: transformers' default; eager: attn_implementation=eager on both sides)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before giving up")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every recipe run (after --)")
     args = p.parse_args(argv)
     args.sizes = [s for s in args.sizes.split(",") if s]
     args.modes = [m for m in args.modes.split(",") if m]
+    args.attention = [a for a in args.attention.split(",") if a]
+    if not args.attention or set(args.attention) - {"sdpa", "eager"}:
+        p.error(f"--attention {','.join(args.attention)!r}: use a comma list of sdpa, eager")
     for s in args.sizes:
         if s not in SIZES:
             p.error(f"--sizes: unknown size {s!r}; use a comma list of {', '.join(SIZES)}")

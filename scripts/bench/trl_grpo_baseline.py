@@ -131,6 +131,8 @@ def parse_args(argv):
     p.add_argument("--max-completion-length", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (TRL's CPU default); off: fp32")
+    p.add_argument("--attn-implementation", default=None, choices=("sdpa", "eager"),
+                   help="the model's attention (transformers' default: sdpa, torch's flash kernel on a CPU)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="TRL's default (recomputes activations in backward); off: like our recipe's default")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
@@ -159,7 +161,7 @@ def main(argv=None) -> int:
             return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy(args.model)
+    model, tokenizer = load_policy(args.model, args.attn_implementation)
     sequences = args.prompts * args.samples
     config = GRPOConfig(
         output_dir=args.output_dir, max_steps=args.steps, learning_rate=args.lr,
@@ -190,6 +192,7 @@ def main(argv=None) -> int:
         "framework": f"trl {trl.__version__}", "torch": torch.__version__, "threads": torch.get_num_threads(),
         "dtype": "bf16 autocast" if args.bf16 else "fp32", "beta": args.beta, "reference_model": trainer.ref_model is not None,
         "gradient_checkpointing": args.gradient_checkpointing,
+        "attn_implementation": model.config._attn_implementation,
         "steps_measured": len(measured),
         "task": args.task, "prompts": args.prompts, "samples": args.samples,
         "max_completion_length": args.max_completion_length,

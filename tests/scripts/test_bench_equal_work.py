@@ -16,11 +16,22 @@ def test_each_side_takes_its_faster_dtype_and_the_goal_follows_the_cpu():
     runs = {"hybridflow_fp32": [{"step_s": 3.0}, {"step_s": 3.2}], "hybridflow_bf16": [{"step_s": 1.4}, {"step_s": 1.6}],
             "trl_fp32": [{"step_s": 4.0}, {"step_s": 4.4}], "trl_bf16": [{"step_s": 2.0}, {"error": "exited 1"}]}
     out = _equal_work.summarise(runs, "bf16", BF16)
-    assert out["best"]["hybridflow"] == {"dtype": "bf16", "step_s": 1.5, "repeats_s": [1.4, 1.6]}
+    assert out["best"]["hybridflow"] == {"dtype": "bf16", "attn_implementation": "sdpa", "step_s": 1.5,
+                                         "repeats_s": [1.4, 1.6]}
     assert out["best"]["trl"]["dtype"] == "bf16" and out["best"]["trl"]["step_s"] == 2.0  # the failed repeat left out
     assert out["ratio_to_trl_best_precision"] == 0.75 and out["goal"] == 0.7
     out = _equal_work.summarise({k: v for k, v in runs.items() if k.endswith("fp32")}, "fp32", AVX2)
     assert out["ratio_per_repeat"] == [0.75, 0.727] and out["goal"] == 0.8
+
+
+def test_each_side_takes_its_faster_attention_and_the_same_setting_ratios_are_kept():
+    runs = {"hybridflow_bf16_sdpa": [{"step_s": 1.2}], "trl_bf16_sdpa": [{"step_s": 1.5}],
+            "hybridflow_bf16_eager": [{"step_s": 1.0}], "trl_bf16_eager": [{"step_s": 1.6}]}
+    out = _equal_work.summarise(runs, "bf16", BF16)
+    assert (out["best"]["hybridflow"]["attn_implementation"], out["best"]["trl"]["attn_implementation"]) == (
+        "eager", "sdpa")  # the baseline keeps its own faster attention
+    assert out["ratio_to_trl_best_precision"] == 0.667
+    assert out["ratio_same_setting"] == {"bf16/eager": 0.625, "bf16/sdpa": 0.8}
 
 
 def test_a_side_without_a_result_gives_no_ratio():

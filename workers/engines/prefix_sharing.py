@@ -16,6 +16,8 @@ sharing in one call per layer instead of the two HF calls of ``shared_prefix_log
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -54,15 +56,20 @@ def shared_prefix_logits(module, input_ids: Tensor, attention_mask: Tensor, posi
     predicts response token t (or holds its value, for a critic), as in the per-row forward.
 
     ``module`` is a causal LM or a token-classification critic; the cache object is created here
-    and filled in place, since the critic's output does not return it.
+    and filled in place, since the critic's output does not return it. Of the prompt pass only the
+    last position's head output is used, so a causal LM computes its vocabulary logits there alone
+    (``logits_to_keep=1``, as the per-row forward keeps the response span): at a 150k vocabulary
+    the LM head is a quarter of a small model's per-token FLOPs, and ``U x prompt x V`` fp32
+    logits are gigabytes at long prompts.
     """
     from transformers import DynamicCache
 
     cache = DynamicCache()
+    last_only = {"logits_to_keep": 1} if _keeps_logits(module) else {}
     prompt_out = module(input_ids=input_ids[first_rows, start:prompt_len],
                         attention_mask=attention_mask[first_rows, start:prompt_len],
                         position_ids=position_ids[first_rows, start:prompt_len],
-                        past_key_values=cache, use_cache=True)
+                        past_key_values=cache, use_cache=True, **last_only)
     first = prompt_out.logits[:, -1:][inverse]  # the last prompt position predicts response token 0
     if end - 1 == prompt_len:  # only one response column: nothing runs on top of the cache
         return first
@@ -71,3 +78,10 @@ def shared_prefix_logits(module, input_ids: Tensor, attention_mask: Tensor, posi
     rest = module(input_ids=input_ids[:, prompt_len:end - 1], attention_mask=attention_mask[:, start:end - 1],
                   position_ids=position_ids[:, prompt_len:end - 1], past_key_values=cache, use_cache=True).logits
     return torch.cat([first, rest], dim=1)
+
+
+def _keeps_logits(module) -> bool:
+    """Whether the model (under a DDP wrapper or not) takes ``logits_to_keep``: transformers' causal
+    LMs do, its token-classification heads do not."""
+    inner = getattr(module, "module", module)
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters

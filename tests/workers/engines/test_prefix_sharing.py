@@ -100,3 +100,17 @@ def test_no_sharing_when_prompts_differ_or_the_saving_is_small(models):
     ones = torch.ones_like(ids)
     first_rows, _ = distinct_prompts(ids, ones, ones.cumsum(-1) - 1, 0, 1)
     assert len(first_rows) == 1 and not saves_enough(first_rows, 2, 1, 30)
+
+
+def test_the_prompt_pass_computes_vocabulary_logits_at_its_last_position_only(models):
+    # only that position predicts a response token; the others' [U, prompt, V] logits were waste
+    model = models["llama"]
+    ids, mask, pos = grouped_batch(prompts=3, n=4, seed=1)
+    start, end = active_span(mask, P)
+    positions = []
+    hook = model.lm_head.register_forward_hook(lambda mod, args, out: positions.append(args[0].shape[:2]))
+    try:
+        shared_prefix_logits(model, ids, mask, pos, start, P, end, *distinct_prompts(ids, mask, pos, start, P))
+    finally:
+        hook.remove()
+    assert [tuple(s) for s in positions] == [(3, 1), (12, end - 1 - P)]
