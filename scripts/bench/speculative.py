@@ -19,9 +19,11 @@ Each rollout mode runs in its own process: one ``VLLMRollout`` (the rollout work
 1-rank gloo world, warmed up on one batch, then timed per ``generate_sequences`` call. Modes:
 ``off`` (no speculation; the baseline, vLLM's fastest plain decoding on this machine), ``adaptive``
 (history drafts, adaptive count: our default when speculation is on), ``history_k4`` (history
-drafts, always 4) and ``ngram`` (vLLM's prompt look-up, adaptive). Sampled lengths differ between
-modes, so the figure is tokens per second of generation, over all timed calls of ``--repeats``
-runs of each mode (run in turn, off / adaptive / ... / off / adaptive / ...), and per epoch.
+drafts, always 4), ``ngram`` (vLLM's prompt look-up, adaptive) and, on the long tail only,
+``draft`` (``method=draft_model``, adaptive: a 0.3M-parameter draft distilled from the policy,
+scripts/bench/workloads/count_draft.py, built and cached on first use in about 2 minutes).
+Sampled lengths differ between modes, so the figure is tokens per second of generation, over all
+timed calls of ``--repeats`` runs of each mode (run in turn, off / adaptive / ... / off / adaptive / ...), and per epoch.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ MODES = {
     "adaptive": dict(method="history", adaptive=True),
     "history_k4": dict(method="history", adaptive=False),
     "ngram": dict(method="ngram", adaptive=True),
+    "draft": dict(method="draft_model", adaptive=True),
 }
 SPEC_DEFAULTS = dict(enable=True, num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4,
                      retune_steps=16, history_answers=16, history_prompts=8192, draft_model_path=None)
@@ -49,11 +52,13 @@ SPEC_DEFAULTS = dict(enable=True, num_speculative_tokens=4, prompt_lookup_min=2,
 def workload(name: str, args) -> dict:
     """Model, prompts file and rollout shape of a part."""
     if name == "longtail":
+        from workloads.count_draft import build_draft_model
         from workloads.count_model import build_longtail_assets
 
         paths = build_longtail_assets(REPO)
         return dict(model=paths["model"], data=os.path.join(paths["data"], "train.parquet"), prompts=16, n=8,
-                    prompt_length=24, response_length=256, temperature=1.0, dtype="bfloat16")
+                    prompt_length=24, response_length=256, temperature=1.0, dtype="bfloat16",
+                    draft_model=build_draft_model(REPO))
     model = os.path.join(REPO, "data/models/tiny-qwen2-sft")
     if not os.path.exists(os.path.join(model, "config.json")):
         raise SystemExit(f"speculative bench: the demo's model is not at {model}: run `make run` (the demo) first")
@@ -94,6 +99,10 @@ def run_mode(w: dict, mode: str, batches: int, epochs: int) -> dict:
                       LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     dist.init_process_group("gloo", rank=0, world_size=1)
     spec = dict(SPEC_DEFAULTS, **MODES[mode]) if MODES[mode] else {}
+    if spec.get("method") == "draft_model":
+        if not w.get("draft_model"):
+            raise SystemExit(f"speculative bench: mode {mode} needs a draft model; this part has none")
+        spec["draft_model_path"] = w["draft_model"]
     rollout = VLLMRollout(RolloutConfig(prompt_length=w["prompt_length"], response_length=w["response_length"],
                                         n=w["n"], temperature=w["temperature"], dtype=w["dtype"], seed=0,
                                         kv_cache_gib=1.0, speculative=spec), w["model"])
@@ -181,7 +190,8 @@ def main(argv=None) -> dict:
 
             report[part] = measure([])
             continue
-        modes = args.modes.split(",")
+        # the demo has no draft model of its own: a draft for 8-token answers is not worth training
+        modes = [m for m in args.modes.split(",") if part == "longtail" or MODES[m].get("method") != "draft_model"]
         runs = {mode: [] for mode in modes}
         for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every mode
             for mode in modes:

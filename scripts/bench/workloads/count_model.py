@@ -58,9 +58,10 @@ MAX_STEPS = sum(ROUND_STEPS)
 SAMPLES_PER_PROMPT = 4
 
 
-def sft_overrides(root: str) -> list[str]:
+def sft_overrides(root: str, init: str = INIT_MODEL, out: str = SFT_MODEL + ".partial",
+                  run: str = SFT_RUN, data: str = DATA) -> list[str]:
     """The SFT recipe's settings, every path under ``root``."""
-    data, init, out, run = (os.path.join(root, p) for p in (DATA, INIT_MODEL, SFT_MODEL + ".partial", SFT_RUN))
+    data, init, out, run = (os.path.join(root, p) for p in (data, init, out, run))
     return [
         f"data.train_files=[{data}/sft_train.parquet]", f"data.val_files=[{data}/sft_val.parquet]",
         f"model.path={init}", f"trainer.hf_output_dir={out}", f"trainer.default_local_dir={run}",
@@ -128,7 +129,7 @@ def sample_profile(model: str, parquet: str, n: int = SAMPLES_PER_PROMPT) -> dic
     }
 
 
-def _build_inputs(root: str) -> None:
+def build_inputs(root: str) -> None:
     """The task files and the initial model, when missing (both seeded: a rewrite is the same)."""
     data, init = os.path.join(root, DATA), os.path.join(root, INIT_MODEL)
     if not os.path.exists(os.path.join(data, "sft_val.parquet")):
@@ -146,11 +147,12 @@ def _build_inputs(root: str) -> None:
         make_tiny_checkpoint(init, "qwen2", seed=0, **SIZES["medium"])
 
 
-def _sft(root: str, total_steps: int) -> None:
+def run_sft(root: str, total_steps: int, overrides: list[str] | None = None) -> None:
     """One SFT round up to ``total_steps`` in all, resumed from the last round, in a process of its
     own: each round's Ray starts and stops with it, and none outlives the build."""
     code = "import sys; from recipes import main_sft; main_sft.run(main_sft.load_and_validate(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, *sft_overrides(root), f"trainer.total_training_steps={total_steps}"]
+    overrides = sft_overrides(root) if overrides is None else overrides
+    cmd = [sys.executable, "-c", code, *overrides, f"trainer.total_training_steps={total_steps}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"SFT round to step {total_steps} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -165,7 +167,7 @@ def _warm_start(root: str) -> dict:
     for n in ROUND_STEPS:
         steps += n
         t0 = time.perf_counter()
-        _sft(root, steps)
+        run_sft(root, steps)
         sft_s, t0 = time.perf_counter() - t0, time.perf_counter()
         profile = sample_profile(partial, os.path.join(root, DATA, "val.parquet"))
         matched = profile_matches(profile["sampled"], profile["data"])
@@ -199,7 +201,7 @@ def build_longtail_assets(root: str = REPO, rebuild: bool = False) -> dict:
     with open(paths["model"] + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         start = time.perf_counter()
-        _build_inputs(root)  # also when the model is cached: its data may have been removed
+        build_inputs(root)  # also when the model is cached: its data may have been removed
         if os.path.exists(record) and not rebuild:
             with open(record) as f:
                 return {**json.load(f), **paths, "built": False}
