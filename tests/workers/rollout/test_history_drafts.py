@@ -57,12 +57,15 @@ def test_the_drafter_keys_history_by_prompt_and_keeps_finished_answers():
 
 
 def _sums(points):
-    """The tuner's sums of undecayed steps (tokens, seconds[, drafted])."""
-    fit = np.zeros((3, 4))
-    for x, y, *drafted in points:
-        f = np.array([1.0, x, float(drafted[0]) if drafted else 0.0])
-        fit[:, :3] += np.outer(f, f)
-        fit[:, 3] += f * y
+    """The tuner's sums of undecayed steps (tokens, seconds[, drafted[, passes]]); passes default
+    to 4 per verifying step (a table of one k)."""
+    fit = np.zeros((4, 5))
+    for x, y, *rest in points:
+        drafted = float(rest[0]) if rest else 0.0
+        passes = float(rest[1]) if len(rest) > 1 else 4.0 * drafted
+        f = np.array([1.0, x, drafted, passes])
+        fit[:, :4] += np.outer(f, f)
+        fit[:, 4] += f * y
     return fit
 
 
@@ -75,8 +78,8 @@ def test_drafting_pays_in_the_tail_not_in_a_full_batch():
     tuner = _tuner()
     assert tuner.table[1:] == [0] * 64  # nothing measured: no drafts
     tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])  # steps: (tokens, seconds)
-    c0, c1, c2 = tuner.cost_line()
-    assert abs(c1 - 1e-4) < 1e-9 and abs(c0 - 0.01) < 1e-6 and c2 == 0
+    c0, c1, c2, c3 = tuner.cost_line()
+    assert abs(c1 - 1e-4) < 1e-9 and abs(c0 - 0.01) < 1e-6 and c2 == 0 and c3 == 0
     tuner.retune()  # the cost is known, the acceptance is not: explore where drafting is cheap
     assert tuner.table[1] == 4 and tuner.table[64] == 0
     tuner.requests = tuner.with_draft = 100.0
@@ -114,13 +117,34 @@ def test_what_a_verifying_step_costs_beyond_its_tokens_counts():
     plain = [(x, 0.01 + 1e-4 * x) for x in (10, 50, 100)]
     verifying = [(x, 0.02 + 1e-4 * x, 1) for x in (20, 60, 120)]  # 10 ms more per verifying step
     tuner.fit = _sums(plain + verifying)
-    c0, c1, c2 = tuner.cost_line()
-    assert abs(c2 - 0.01) < 1e-9 and abs(c0 - 0.01) < 1e-9
+    c0, c1, c2, c3 = tuner.cost_line()
+    assert abs(c2 - 0.01) < 1e-9 and abs(c0 - 0.01) < 1e-9 and c3 == 0  # one k: c2 carries the passes
     tuner.requests = tuner.with_draft = 100.0
     tuner.tried, tuner.accepted = [0, 100, 50, 25, 12], [0, 50, 25, 12, 6]
     tuner.retune()
     # half the drafts accepted would pay at one running request, not with 10 ms on the step
     assert tuner.table[1] == 0
+
+
+def test_a_draft_model_forward_per_proposed_token_is_priced_once_counts_vary():
+    tuner = _tuner()
+    plain = [(x, 0.004 + 1e-4 * x) for x in (10, 50, 100, 130)]
+    # a draft model: 1.5 ms per proposed position; tables of several k, so passes vary
+    drafting = [(x * (1 + k), 0.004 + 1e-4 * x * (1 + k) + 0.0015 * k, 1, k) for x in (4, 30, 60) for k in (1, 2, 4)]
+    tuner.fit = _sums(plain + drafting)
+    c0, c1, c2, c3 = tuner.cost_line()
+    assert abs(c3 - 0.0015) < 1e-7 and c2 < 1e-7 and abs(c1 - 1e-4) < 1e-9
+    tuner.requests = tuner.with_draft = 100.0
+    tuner.tried, tuner.accepted = [0, 100, 70, 49, 34], [0, 70, 49, 34, 24]  # 70% at each position
+    tuner.retune()
+    assert tuner.table[1] > 0  # the tail: a few passes cost less than the tokens they bring
+    assert tuner.table[64] < tuner.table[1]  # a fuller batch: they no longer pay
+    look_up = _tuner()  # the same steps with free passes (look-ups) draft more there
+    look_up.fit = _sums(plain + [(t, y - 0.0015 * k, d, k) for t, y, d, k in drafting])
+    look_up.requests = look_up.with_draft = 100.0
+    look_up.tried, look_up.accepted = tuner.tried, tuner.accepted
+    look_up.retune()
+    assert look_up.table[1] == 4 > tuner.table[1] and look_up.table[20] > tuner.table[20]
 
 
 def test_a_fixed_count_when_not_adaptive():
