@@ -154,11 +154,13 @@ def test_a_fixed_count_when_not_adaptive():
     assert tuner.table[1:] == [3] * 64
 
 
-def test_requests_count_toward_draft_availability_only_when_drafts_were_asked_for():
+def _stepping_tuner(batch_max: int, retune_steps: int = 1000):
+    """A tuner on a stand-in scheduler, and ``step(k, drafts_per_request)`` that runs one decode
+    step through its wrapped ``schedule`` / ``update_from_output``."""
     outputs = []
-    scheduler = SimpleNamespace(dynamic_sd_lookup=[0] * 9, schedule=lambda: outputs.pop(0),
+    scheduler = SimpleNamespace(dynamic_sd_lookup=[0] * (batch_max + 1), schedule=lambda: outputs.pop(0),
                                 update_from_output=lambda out, model_output: None)
-    tuner = DraftTuner(scheduler, 4, adaptive=True, retune_steps=1000)
+    tuner = DraftTuner(scheduler, 4, adaptive=True, retune_steps=retune_steps)
 
     def step(k, drafts_per_request):
         reqs = [f"r{i}" for i in range(len(drafts_per_request))]
@@ -169,9 +171,23 @@ def test_requests_count_toward_draft_availability_only_when_drafts_were_asked_fo
         out = scheduler.schedule()
         scheduler.update_from_output(out, SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(reqs)},
                                                           sampled_token_ids=[[1] * (1 + d) for d in drafts_per_request]))
+    return tuner, step
 
+
+def test_requests_count_toward_draft_availability_only_when_drafts_were_asked_for():
+    tuner, step = _stepping_tuner(8)
     for _ in range(5):
         step(0, [0] * 8)  # many running, none asked for: says nothing about whether drafts are found
     step(4, [0] * 2)  # the first step that asks: its drafts arrive with the next one
     step(4, [4, 4])
     assert tuner.requests > 0 and tuner.with_draft / tuner.requests == 1.0
+
+
+def test_exploring_ends_at_the_step_enough_requests_found_no_draft():
+    tuner, step = _stepping_tuner(32)
+    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (8, 16, 24, 32)])
+    tuner.retune()
+    assert tuner.table[16] == 4  # exploring
+    for _ in range(6):
+        step(4, [0] * 16)  # asked at 16 running (counted from the 2nd step), no look-up found a draft
+    assert tuner.table[1:] == [0] * 32  # decided after 64 requests, long before retune_steps
