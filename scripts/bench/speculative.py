@@ -11,7 +11,8 @@ Parts:
   ``--epochs`` passes over ``--batches`` distinct batches, as training reads its dataset epoch
   after epoch: history drafts only find the same prompt's earlier answers from the second epoch.
 - ``demo``: the demo's workload (its tiny SFT model and arithmetic prompts, 64 prompts x 8, 8
-  tokens): answers too short for drafts to pay; adaptive drafting must cost nothing here.
+  tokens): answers too short for drafts to pay; adaptive drafting must cost nothing here. A call
+  takes 0.1 s, so this part runs ``--demo-epochs`` epochs in ``--demo-repeats`` runs per mode.
 - ``reallocation``: scripts/bench/reallocation.py's ``measure`` (one generation rank dealt three
   times the long samples; time to finish with and without moving samples).
 
@@ -128,8 +129,9 @@ def run_mode(w: dict, mode: str, batches: int, epochs: int) -> dict:
 
 
 def _spawn(part: str, mode: str, args) -> dict:
+    epochs = args.epochs if part == "longtail" else args.demo_epochs
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", part, mode, "--batches", str(args.batches),
-           "--epochs", str(args.epochs)]
+           "--epochs", str(epochs)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -177,6 +179,10 @@ def main(argv=None) -> dict:
     p.add_argument("--batches", type=int, default=3, help="distinct batches per epoch")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
+    # a demo call takes about 0.1 s: one process's 6 calls are too little work to time, and two
+    # processes of one mode differed by up to 10% (2026-11-27), so the demo runs more of both
+    p.add_argument("--demo-epochs", type=int, default=4, help="epochs of the demo part")
+    p.add_argument("--demo-repeats", type=int, default=6, help="runs of each mode on the demo part")
     p.add_argument("--worker", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -193,7 +199,8 @@ def main(argv=None) -> dict:
         # the demo has no draft model of its own: a draft for 8-token answers is not worth training
         modes = [m for m in args.modes.split(",") if part == "longtail" or MODES[m].get("method") != "draft_model"]
         runs = {mode: [] for mode in modes}
-        for _ in range(args.repeats):  # interleaved, so a slow spell of the machine hits every mode
+        for _ in range(args.repeats if part == "longtail" else args.demo_repeats):
+            # interleaved, so a slow spell of the machine hits every mode
             for mode in modes:
                 runs[mode].append(_spawn(part, mode, args))
         report[part] = summarise(runs)
