@@ -101,10 +101,14 @@ class DraftTuner:
         decode_only, generated, drafted, accepted = True, 0, 0, 0
         self._decay()
         scheduled = out.num_scheduled_tokens
-        if not drafts:  # nothing verified (many sequences running): no per-request loop
-            decode_only = out.total_num_scheduled_tokens == len(scheduled)
+        if not drafts:  # nothing verified: count the decodes, no per-request bookkeeping
+            decodes = len(scheduled) if out.total_num_scheduled_tokens == len(scheduled) else \
+                sum(1 for tokens in scheduled.values() if tokens == 1)
+            decode_only = decodes == len(scheduled)
             generated = sum(map(len, sampled))
-            self.requests += len(scheduled) if decode_only and self._asked else 0
+            # the decodes of a step mixed with prefills were asked too: where a batch refills as
+            # it drains (more prompts than max_num_seqs), nearly every step is mixed
+            self.requests += decodes if self._asked else 0
             scheduled = {}
         for req_id, tokens in scheduled.items():
             d = len(drafts.get(req_id, ()))

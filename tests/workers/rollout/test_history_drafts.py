@@ -162,11 +162,12 @@ def _stepping_tuner(batch_max: int, retune_steps: int = 1000):
                                 update_from_output=lambda out, model_output: None)
     tuner = DraftTuner(scheduler, 4, adaptive=True, retune_steps=retune_steps)
 
-    def step(k, drafts_per_request):
+    def step(k, drafts_per_request, prefill=0):
+        """``prefill``: the tokens of one more request's prompt chunk in the same step."""
         reqs = [f"r{i}" for i in range(len(drafts_per_request))]
         drafts = {r: [7] * d for r, d in zip(reqs, drafts_per_request) if d}
-        outputs.append(SimpleNamespace(num_scheduled_tokens={r: 1 + d for r, d in zip(reqs, drafts_per_request)},
-                                       total_num_scheduled_tokens=sum(1 + d for d in drafts_per_request),
+        scheduled = {r: 1 + d for r, d in zip(reqs, drafts_per_request)} | ({"p": prefill} if prefill else {})
+        outputs.append(SimpleNamespace(num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
                                        scheduled_spec_decode_tokens=drafts, num_spec_tokens_to_schedule=k))
         out = scheduler.schedule()
         scheduler.update_from_output(out, SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(reqs)},
@@ -185,9 +186,11 @@ def test_requests_count_toward_draft_availability_only_when_drafts_were_asked_fo
 
 def test_exploring_ends_at_the_step_enough_requests_found_no_draft():
     tuner, step = _stepping_tuner(32)
-    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (8, 16, 24, 32)])
+    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (8, 16, 24, 32) * 2])
     tuner.retune()
     assert tuner.table[16] == 4  # exploring
     for _ in range(6):
-        step(4, [0] * 16)  # asked at 16 running (counted from the 2nd step), no look-up found a draft
+        # asked at 16 running (counted from the 2nd step), no look-up found a draft; a new prompt's
+        # prefill shares each step (a batch that refills as it drains)
+        step(4, [0] * 16, prefill=12)
     assert tuner.table[1:] == [0] * 32  # decided after 64 requests, long before retune_steps
