@@ -1,7 +1,7 @@
 """Speculative rollout (issue 35): rollout tokens/s with and without speculation, and sample
 reallocation, in one invocation; prints one JSON.
 
-    .venv/bin/python scripts/bench/speculative.py                 # all parts, about 12 min
+    .venv/bin/python scripts/bench/speculative.py                 # all parts, about 11 min
     .venv/bin/python scripts/bench/speculative.py --parts longtail,demo
 
 Parts:
