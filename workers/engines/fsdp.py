@@ -184,7 +184,8 @@ class FSDPEngine:
         with self._compute_context():
             if shared is not None:
                 head = prefix_sharing.shared_prefix_logits(self._module(), input_ids, attention_mask, position_ids,
-                                                           start, prompt_len, end, *shared)
+                                                           start, prompt_len, end, *shared,
+                                                           critic=self.role == "critic")
             elif self.role == "critic":
                 head = response_logits(self._module()(**kwargs).logits, prompt_len - start, kept)
             else:

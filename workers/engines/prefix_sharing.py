@@ -16,8 +16,6 @@ sharing in one call per layer instead of the two HF calls of ``shared_prefix_log
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
@@ -51,21 +49,22 @@ def saves_enough(first_rows: Tensor, rows: int, prompt_cols: int, input_cols: in
 
 
 def shared_prefix_logits(module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                         start: int, prompt_len: int, end: int, first_rows: Tensor, inverse: Tensor) -> Tensor:
+                         start: int, prompt_len: int, end: int, first_rows: Tensor, inverse: Tensor,
+                         critic: bool = False) -> Tensor:
     """Head outputs ``[m, end - prompt_len, V or 1]`` at positions ``[P-1, end-1)``: column t
     predicts response token t (or holds its value, for a critic), as in the per-row forward.
 
-    ``module`` is a causal LM or a token-classification critic; the cache object is created here
-    and filled in place, since the critic's output does not return it. Of the prompt pass only the
-    last position's head output is used, so a causal LM computes its vocabulary logits there alone
-    (``logits_to_keep=1``, as the per-row forward keeps the response span): at a 150k vocabulary
-    the LM head is a quarter of a small model's per-token FLOPs, and ``U x prompt x V`` fp32
-    logits are gigabytes at long prompts.
+    ``module`` is a causal LM or, with ``critic``, a token-classification critic; the cache object
+    is created here and filled in place, since the critic's output does not return it. Of the
+    prompt pass only the last position's head output is used, so a causal LM computes its
+    vocabulary logits there alone (``logits_to_keep=1``, as the per-row forward keeps the response
+    span): at a 150k vocabulary the LM head is a quarter of a small model's per-token FLOPs, and
+    ``U x prompt x V`` fp32 logits are gigabytes at long prompts.
     """
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    last_only = {"logits_to_keep": 1} if _keeps_logits(module) else {}
+    last_only = {} if critic else {"logits_to_keep": 1}  # a token-classification head takes no such argument
     prompt_out = module(input_ids=input_ids[first_rows, start:prompt_len],
                         attention_mask=attention_mask[first_rows, start:prompt_len],
                         position_ids=position_ids[first_rows, start:prompt_len],
@@ -79,9 +78,3 @@ def shared_prefix_logits(module, input_ids: Tensor, attention_mask: Tensor, posi
                   position_ids=position_ids[:, prompt_len:end - 1], past_key_values=cache, use_cache=True).logits
     return torch.cat([first, rest], dim=1)
 
-
-def _keeps_logits(module) -> bool:
-    """Whether the model (under a DDP wrapper or not) takes ``logits_to_keep``: transformers' causal
-    LMs do, its token-classification heads do not."""
-    inner = getattr(module, "module", module)
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters

@@ -55,7 +55,7 @@ def test_shared_forward_equals_per_row_forward_and_gradients(models, name):
 
     params = [p for p in model.parameters() if p.requires_grad]
     want = per_row_logits(model, ids, mask, pos, start, end)
-    got = shared_prefix_logits(model, ids, mask, pos, start, P, end, *shared)
+    got = shared_prefix_logits(model, ids, mask, pos, start, P, end, *shared, critic=name == "critic")
     assert got.shape == want.shape
     real = mask[:, P:end].bool()  # outputs at response padding are never used
     assert (got - want)[real].abs().max() < 1e-5
