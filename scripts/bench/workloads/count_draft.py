@@ -45,42 +45,13 @@ DRAFT_SFT_STEPS = 600
 # steps, a lower validation NLL yet 0.48 of its drafts accepted (this one: 0.60) and slower passes
 DRAFT_SHAPE = dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, tied=True)
 
-_SAMPLE = r"""
-import json, os, sys
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-import pandas as pd, torch
-from vllm import LLM, SamplingParams
-from hybridflow.data.dataset import encode_prompt
-from hybridflow.tiny import load_tokenizer
-from workers.rollout.base import truncate_at_stop
-model, parquet, out, first, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-rows = pd.read_parquet(parquet).iloc[first:]
-tok = load_tokenizer(model)
-prompts = [{"prompt_token_ids": encode_prompt(tok, list(p), apply_chat_template=False)} for p in rows["prompt"]]
-llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, skip_tokenizer_init=True, seed=0, max_model_len=512,
-          kv_cache_memory_bytes=2**30)
-params = SamplingParams(n=n, temperature=1.0, max_tokens=256, stop_token_ids=[tok.eos_token_id], detokenize=False)
-with torch.compiler.set_stance("force_eager"):
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-pairs = []
-for prompt, o in zip(rows["prompt"], outputs):
-    for c in o.outputs:
-        ids, _ = truncate_at_stop(list(c.token_ids), [], [tok.eos_token_id], 256)
-        pairs.append({"prompt": list(prompt), "response": tok.decode([t for t in ids if t != tok.eos_token_id])})
-os.makedirs(out, exist_ok=True)
-frame = pd.DataFrame(pairs)
-frame.iloc[: len(frame) - 64].to_parquet(os.path.join(out, "sft_train.parquet"))
-frame.iloc[len(frame) - 64:].to_parquet(os.path.join(out, "sft_val.parquet"))
-print(json.dumps({"pairs": len(pairs)}))
-"""
-
 
 def _distill_pairs(root: str, policy: str) -> None:
-    """The policy's sampled answers as SFT pairs under ``DRAFT_DATA`` (a process of its own)."""
-    parquet = os.path.join(root, DATA, "train.parquet")
-    out = os.path.join(root, DRAFT_DATA)
-    cmd = [sys.executable, "-c", _SAMPLE, policy, parquet, out, str(FIRST_ROW), str(SAMPLES)]
+    """The policy's sampled answers as SFT pairs under ``DRAFT_DATA`` (count_sample.py, a process
+    of its own), sampled as the rollout samples: bf16, temperature 1, 256 tokens."""
+    cmd = [sys.executable, os.path.join(BENCH, "workloads", "count_sample.py"), policy,
+           os.path.join(root, DATA, "train.parquet"), "--n", str(SAMPLES), "--first-row", str(FIRST_ROW),
+           "--dtype", "bfloat16", "--pairs-out", os.path.join(root, DRAFT_DATA)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"count_draft: sampling the policy failed ({done.returncode}):\n{done.stderr[-3000:]}")
