@@ -24,7 +24,8 @@ drafts, always 4), ``ngram`` (vLLM's prompt look-up, adaptive) and, on the long 
 ``draft`` (``method=draft_model``, adaptive: a 0.3M-parameter draft distilled from the policy,
 scripts/bench/workloads/count_draft.py, built and cached on first use in about 2 minutes).
 Sampled lengths differ between modes, so the figure is tokens per second of generation, over all
-timed calls of ``--repeats`` runs of each mode (run in turn, off / adaptive / ... / off / adaptive / ...), and per epoch.
+timed calls of ``--repeats`` runs of each mode (run in turn, off / adaptive / ... / off /
+adaptive / ...), and per epoch.
 """
 from __future__ import annotations
 
@@ -128,8 +129,18 @@ def run_mode(w: dict, mode: str, batches: int, epochs: int) -> dict:
     return res
 
 
-def _spawn(part: str, mode: str, args) -> dict:
-    epochs = args.epochs if part == "longtail" else args.demo_epochs
+def _plan(part: str, args) -> tuple[list[str], int, int]:
+    """A rollout part's modes, epochs per run and runs per mode. The demo has no draft model (one
+    for 8-token answers is not worth training), and a demo call takes 0.1 s: one process's 6 calls
+    are too little work to time, and two processes of one mode differed by up to 10% (2026-11-27),
+    so it runs more of both."""
+    modes = args.modes.split(",")
+    if part == "longtail":
+        return modes, args.epochs, args.repeats
+    return [m for m in modes if MODES[m].get("method") != "draft_model"], args.demo_epochs, args.demo_repeats
+
+
+def _spawn(part: str, mode: str, epochs: int, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", part, mode, "--batches", str(args.batches),
            "--epochs", str(epochs)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
@@ -179,8 +190,6 @@ def main(argv=None) -> dict:
     p.add_argument("--batches", type=int, default=3, help="distinct batches per epoch")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
-    # a demo call takes about 0.1 s: one process's 6 calls are too little work to time, and two
-    # processes of one mode differed by up to 10% (2026-11-27), so the demo runs more of both
     p.add_argument("--demo-epochs", type=int, default=4, help="epochs of the demo part")
     p.add_argument("--demo-repeats", type=int, default=6, help="runs of each mode on the demo part")
     p.add_argument("--worker", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
@@ -196,13 +205,11 @@ def main(argv=None) -> dict:
 
             report[part] = measure([])
             continue
-        # the demo has no draft model of its own: a draft for 8-token answers is not worth training
-        modes = [m for m in args.modes.split(",") if part == "longtail" or MODES[m].get("method") != "draft_model"]
+        modes, epochs, repeats = _plan(part, args)
         runs = {mode: [] for mode in modes}
-        for _ in range(args.repeats if part == "longtail" else args.demo_repeats):
-            # interleaved, so a slow spell of the machine hits every mode
+        for _ in range(repeats):  # interleaved, so a slow spell of the machine hits every mode
             for mode in modes:
-                runs[mode].append(_spawn(part, mode, args))
+                runs[mode].append(_spawn(part, mode, epochs, args))
         report[part] = summarise(runs)
     print(json.dumps(report, indent=1))
     return report
