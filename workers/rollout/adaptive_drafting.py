@@ -144,8 +144,7 @@ class DraftTuner:
         self.steps_since += 1
         # exploring ends as soon as the acceptance is measured, not at the next regular retune:
         # on a workload of few steps per call (the demo: 8 tokens) that wait is most of the call
-        if self.adaptive and (self.steps_since >= self.retune_steps or
-                              (not self.explored and any(self.table) and self._explored())):
+        if self.adaptive and (self.steps_since >= self.retune_steps or (not self.explored and self._explored())):
             self.retune()
 
     def _decay(self) -> None:
