@@ -38,6 +38,11 @@ def load_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (overrides or {}).items() if k in LOAD_KEYS}
 
 
+def config_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The HF config attributes ``overrides`` replaces: all but :data:`LOAD_KEYS`."""
+    return {k: v for k, v in (overrides or {}).items() if k not in LOAD_KEYS}
+
+
 def attention_implementations() -> list[str]:
     """The ``attn_implementation`` values transformers can build here: eager and its registered kernels."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -118,7 +123,7 @@ def apply_overrides(config, overrides: Mapping[str, Any] | None):
     then standardised and validated by transformers (a bad rope_scaling fails here)."""
     config = copy.deepcopy(config)
     trained_length = getattr(config, "max_position_embeddings", None)
-    overrides = {k: v for k, v in (overrides or {}).items() if k not in LOAD_KEYS}
+    overrides = config_overrides(overrides)
     for key, value in overrides.items():
         _set(config, key, value)
     if overrides and isinstance(getattr(config, "rope_parameters", None), dict):
@@ -163,7 +168,7 @@ def override_errors(key: str, hf: dict, overrides: Mapping[str, Any]) -> list[st
     if not overrides:
         return []
     errors = _load_option_errors(key, load_options(overrides))
-    overrides = {k: v for k, v in overrides.items() if k not in LOAD_KEYS}
+    overrides = config_overrides(overrides)
     if not overrides:
         return errors
     config = _config_of(hf)
@@ -191,8 +196,8 @@ def override_errors(key: str, hf: dict, overrides: Mapping[str, Any]) -> list[st
 def overridden_dict(hf: dict, overrides: Mapping[str, Any] | None) -> dict:
     """config.json's dict as the run sees it, for the size checks (shape keys are refused anyway)."""
     merged = dict(hf)
-    for key, value in (overrides or {}).items():
-        if key in SHAPE_KEYS or key in LOAD_KEYS:
+    for key, value in config_overrides(overrides).items():
+        if key in SHAPE_KEYS:
             continue
         current = merged.get(key)
         merged[key] = _merged(current, value) if isinstance(current, Mapping) and isinstance(value, Mapping) else value
