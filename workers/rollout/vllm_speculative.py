@@ -92,6 +92,25 @@ def _plain_sampling_without_drafts(worker) -> None:
     rejection.forward = forward
 
 
+def _no_handover_without_drafts(worker) -> None:
+    """After each step vLLM's engine core takes the proposer's drafts and hands them to the
+    scheduler, which walks every running request to validate and store its list. When no request
+    got a draft (adaptive drafting's choice at big batches, look-ups that found nothing), there is
+    nothing to hand over: the scheduler already emptied each scheduled request's drafts when it
+    scheduled them (vLLM 0.32, ``Scheduler.schedule``), so the walk changes nothing but costs a
+    dict look-up and a validation per request and step."""
+    runner = worker.model_runner
+    take = runner.take_draft_token_ids
+
+    def take_if_any():
+        drafts = take()
+        if drafts is not None and isinstance(drafts.draft_token_ids, list) and not any(drafts.draft_token_ids):
+            return None
+        return drafts
+
+    runner.take_draft_token_ids = take_if_any
+
+
 def _bind_history(worker, min_n: int, max_n: int, answers: int, prompts: int, table: list[int]) -> None:
     runner = worker.model_runner
     runner.drafter.bind(runner, min_n, max_n, answers, prompts, table)
@@ -109,6 +128,7 @@ class Speculation:
         self.tuner = DraftTuner(core.scheduler, int(spec["num_speculative_tokens"]), bool(spec["adaptive"]),
                                 int(spec["retune_steps"]))
         llm.collective_rpc(_plain_sampling_without_drafts)
+        llm.collective_rpc(_no_handover_without_drafts)
         if spec["method"] == "history":
             llm.collective_rpc(_bind_history, args=(int(spec["prompt_lookup_min"]), int(spec["prompt_lookup_max"]),
                                                     int(spec["history_answers"]), int(spec["history_prompts"]),

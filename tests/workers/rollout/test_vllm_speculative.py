@@ -100,3 +100,22 @@ def test_sampled_log_probs_are_the_policys(spawned):
     # the tokens drawn are as likely as without speculation (a wrong temperature moves this a lot)
     mean = {k: res[k]["rollout_log_probs"].sum() / res[k]["response_mask"].sum() for k in ("sampled", "sampled_off")}
     assert abs(mean["sampled"] - mean["sampled_off"]) < 0.15, mean
+
+
+def test_a_step_without_any_draft_hands_nothing_to_the_scheduler():
+    """The engine core hands the proposer's drafts to the scheduler after every step; where no
+    request got one (a full batch at adaptive k = 0), nothing is handed over, since the scheduler
+    emptied each scheduled request's drafts already. Any draft, or a draft model's tensor, goes on."""
+    from types import SimpleNamespace
+
+    from vllm.v1.outputs import DraftTokenIds
+
+    from workers.rollout.vllm_speculative import _no_handover_without_drafts
+
+    handed = []
+    runner = SimpleNamespace(take_draft_token_ids=lambda: handed.pop(0))
+    _no_handover_without_drafts(SimpleNamespace(model_runner=runner))
+    empty, some = DraftTokenIds(["a", "b"], [[], []]), DraftTokenIds(["a", "b"], [[], [7, 8]])
+    tensor = DraftTokenIds(["a"], torch.zeros(1, 2, dtype=torch.long))
+    handed += [empty, some, tensor, None]
+    assert [runner.take_draft_token_ids() for _ in range(4)] == [None, some, tensor, None]
