@@ -7,7 +7,8 @@ reallocation, in one invocation; prints one JSON.
 Parts:
 - ``longtail``: the long-tail counting workload (docs/benchmarks.md) on its warm-started model
   ``qwen2-medium-count-sft`` (scripts/bench/workloads/count_model.py), the rollout's shape of the
-  long-tail GRPO bench: 16 prompts x 8 samples, temperature 1, answers up to 256 tokens, bf16.
+  long-tail GRPO bench: 16 prompts x 8 samples, temperature 1, answers up to 256 tokens, in the
+  dtype ``param_dtype=auto`` picks on this CPU (bf16 on AVX512-BF16, fp32 on AVX2 only).
   ``--epochs`` passes over ``--batches`` distinct batches, as training reads its dataset epoch
   after epoch: history drafts only find the same prompt's earlier answers from the second epoch.
 - ``demo``: the demo's workload (its tiny SFT model and arithmetic prompts, 64 prompts x 8, 8
@@ -55,11 +56,11 @@ def workload(name: str, args) -> dict:
     """Model, prompts file and rollout shape of a part."""
     if name == "longtail":
         from workloads.count_draft import build_draft_model
-        from workloads.count_model import build_longtail_assets
+        from workloads.count_model import build_longtail_assets, rollout_dtype
 
         paths = build_longtail_assets(REPO)
         return dict(model=paths["model"], data=os.path.join(paths["data"], "train.parquet"), prompts=16, n=8,
-                    prompt_length=24, response_length=256, temperature=1.0, dtype="bfloat16",
+                    prompt_length=24, response_length=256, temperature=1.0, dtype=rollout_dtype(),
                     draft_model=build_draft_model(REPO))
     model = os.path.join(REPO, "data/models/tiny-qwen2-sft")
     if not os.path.exists(os.path.join(model, "config.json")):

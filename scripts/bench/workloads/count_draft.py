@@ -8,8 +8,8 @@ missing:
 
 1. the policy (``qwen2-medium-count-sft``, 25M parameters) samples ``SAMPLES`` answers to each
    training prompt from ``FIRST_ROW`` on, at temperature 1 and up to 256 tokens, as the rollout
-   samples (vLLM, bf16, in a process of its own): the draft learns what the policy writes, long
-   tails included, not only the task's answers (sequence-level distillation, the usual way to
+   samples (vLLM, in the rollout's dtype, in a process of its own): the draft learns what the
+   policy writes, long tails included, not only the task's answers (sequence-level distillation, the usual way to
    make a draft agree with its target). The speculative bench reads rows below ``FIRST_ROW``, so
    the draft has not seen its prompts;
 2. the e2e bench's demo shape (hidden 128, 2 layers: 0.3M parameters, ``DRAFT_SHAPE``), seeded, same char
@@ -32,7 +32,8 @@ BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(os.path.dirname(BENCH))
 sys.path.insert(0, BENCH)
 
-from workloads.count_model import DATA, build_inputs, build_longtail_assets, run_sft, sft_overrides  # noqa: E402
+from workloads.count_model import (DATA, build_inputs, build_longtail_assets, rollout_dtype, run_sft,  # noqa: E402
+                                   sft_overrides)
 
 DRAFT_DATA = "data/count-distill"
 DRAFT_INIT = "data/models/qwen2-demo-count-init"
@@ -48,10 +49,10 @@ DRAFT_SHAPE = dict(hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, 
 
 def _distill_pairs(root: str, policy: str) -> None:
     """The policy's sampled answers as SFT pairs under ``DRAFT_DATA`` (count_sample.py, a process
-    of its own), sampled as the rollout samples: bf16, temperature 1, 256 tokens."""
+    of its own), sampled as the rollout samples: its dtype on this CPU, temperature 1, 256 tokens."""
     cmd = [sys.executable, os.path.join(BENCH, "workloads", "count_sample.py"), policy,
            os.path.join(root, DATA, "train.parquet"), "--n", str(SAMPLES), "--first-row", str(FIRST_ROW),
-           "--dtype", "bfloat16", "--pairs-out", os.path.join(root, DRAFT_DATA)]
+           "--dtype", rollout_dtype(), "--pairs-out", os.path.join(root, DRAFT_DATA)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"count_draft: sampling the policy failed ({done.returncode}):\n{done.stderr[-3000:]}")

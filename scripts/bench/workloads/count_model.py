@@ -71,12 +71,24 @@ def sft_overrides(root: str, init: str = INIT_MODEL, out: str = SFT_MODEL + ".pa
         # most of the padding of a batch that holds one long answer
         "data.train_batch_size=32", "data.micro_batch_size_per_gpu=4",
         "optim.lr=1e-3", "optim.weight_decay=0.0", "trainer.total_epochs=100",
-        # bf16 compute with fp32 master weights, replicated: 1.7 s a step against fp32's 3.8 here
-        "trainer.n_gpus_per_node=2", "model.param_dtype=bf16", "model.fsdp_config.fsdp_size=1",
+        # replicated, at the precision param_dtype=auto picks on the CPU in hand: bf16 compute with
+        # fp32 masters on AVX512-BF16 (1.7 s a step against fp32's 3.8 there), fp32 on an AVX2-only
+        # CPU, where a bf16 matmul runs 25x slower than fp32
+        "trainer.n_gpus_per_node=2", "model.param_dtype=auto", "model.fsdp_config.fsdp_size=1",
         # one checkpoint per round (each round resumes the last), validation NLL at its end
         "trainer.test_freq=1000", "trainer.save_freq=1000", "trainer.max_ckpt_to_keep=1",
         "trainer.resume_mode=auto", "trainer.logger=[console,jsonl]",
     ]
+
+
+def rollout_dtype() -> str:
+    """vLLM's dtype for this workload's rollout on the CPU in hand: what ``param_dtype=auto``
+    resolves to (bf16 where bf16 matmuls are fast, else fp32), as the recipe's rollout follows it."""
+    sys.path.insert(0, REPO)
+    from hybridflow.config.resolve import ROLLOUT_DTYPE_OF_PARAM_DTYPE
+    from hybridflow.device import auto_param_dtype
+
+    return ROLLOUT_DTYPE_OF_PARAM_DTYPE[auto_param_dtype(on_gpu=False)[0]]
 
 
 def percentile_profile(lengths) -> dict:
