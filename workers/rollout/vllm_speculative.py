@@ -98,7 +98,9 @@ def _no_handover_without_drafts(worker) -> None:
     got a draft (adaptive drafting's choice at big batches, look-ups that found nothing), there is
     nothing to hand over: the scheduler already emptied each scheduled request's drafts when it
     scheduled them (vLLM 0.32, ``Scheduler.schedule``), so the walk changes nothing but costs a
-    dict look-up and a validation per request and step."""
+    dict look-up and a validation per request and step. (A request left out of this step keeps
+    drafts it got earlier instead of an empty list: it has not advanced, so they still continue
+    its tokens, and verification keeps its output the policy's either way.)"""
     runner = worker.model_runner
     take = runner.take_draft_token_ids
 

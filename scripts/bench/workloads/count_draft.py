@@ -9,8 +9,8 @@ missing:
 1. the policy (``qwen2-medium-count-sft``, 25M parameters) samples ``SAMPLES`` answers to each
    training prompt from ``FIRST_ROW`` on, at temperature 1 and up to 256 tokens, as the rollout
    samples (vLLM, in the rollout's dtype, in a process of its own): the draft learns what the
-   policy writes, long tails included, not only the task's answers (sequence-level distillation, the usual way to
-   make a draft agree with its target). The speculative bench reads rows below ``FIRST_ROW``, so
+   policy writes, long tails included, not only the task's answers (sequence-level distillation,
+   the usual way to make a draft agree with its target). The speculative bench reads rows below ``FIRST_ROW``, so
    the draft has not seen its prompts;
 2. the e2e bench's demo shape (hidden 128, 2 layers: 0.3M parameters, ``DRAFT_SHAPE``), seeded, same char
    tokenizer, learns those pairs through the SFT recipe (``DRAFT_SFT_STEPS`` steps).
