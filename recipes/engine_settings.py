@@ -45,7 +45,7 @@ def _rl_engine_kwargs(cfg: RootConfig, d: Derived, role, model, fsdp_config, ste
         micro_batch_size_per_gpu=role.ppo_micro_batch_size_per_gpu,
         max_token_len_per_gpu=role.ppo_max_token_len_per_gpu if role.use_dynamic_bsz else None,
         use_remove_padding=model.use_remove_padding, share_prompt_prefix=model.share_prompt_prefix,
-        seed=cfg.trainer.seed)
+        group_by_length=model.group_by_length, seed=cfg.trainer.seed)
 
 
 def actor_engine_kwargs(cfg: RootConfig, derived: Derived) -> dict:

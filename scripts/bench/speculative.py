@@ -126,7 +126,12 @@ def run_mode(w: dict, mode: str, batches: int, epochs: int) -> dict:
                               **metrics))
     res = dict(mode=mode, calls=calls)
     if rollout.speculation is not None:
-        res["draft_table"] = rollout.speculation.tuner.table_summary()
+        tuner = rollout.speculation.tuner
+        res["draft_table"] = tuner.table_summary()
+        line = tuner.cost_line()  # what the table was chosen from: this CPU's step costs
+        if line is not None:
+            res["step_cost_ms"] = dict(zip(("c0", "c1_per_token", "c2_verify", "c3_per_draft_pass"),
+                                           (round(c * 1e3, 3) for c in line)))
     return res
 
 
@@ -172,8 +177,9 @@ def summarise(runs: dict) -> dict:
                     "rollout/spec_draft_tokens_per_step", "rollout/spec_k_mean"):
             if spec:
                 row[key.split("/")[1]] = round(sum(c[key] for c in spec) / len(spec), 3)
-        if "draft_table" in run:
-            row["draft_table"] = run["draft_table"]
+        for key in ("draft_table", "step_cost_ms"):
+            if key in run:
+                row[key] = run[key]
         out[mode] = row
     base = out["off"]["tokens_per_s"]
     for mode, row in out.items():

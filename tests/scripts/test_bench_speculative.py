@@ -30,3 +30,16 @@ def test_summary_ratios_are_tokens_per_second_against_off():
     assert out["adaptive"]["tokens_per_s_by_epoch"] == [60.0, 140.0]
     assert out["adaptive"]["ratio_tokens_per_s_vs_off"] == 2.0
     assert out["adaptive"]["ratio_by_epoch"] == [1.2, 2.8]
+
+
+def test_summary_keeps_the_last_runs_table_and_step_costs():
+    cost = {"c0": 4.1, "c1_per_token": 0.07, "c2_verify": 0.5, "c3_per_draft_pass": 1.5}
+    first = {"calls": [dict(epoch=0, seconds=1.0, tokens=10)], "draft_table": [[1, 256, 0]]}
+    last = {"calls": [dict(epoch=0, seconds=1.0, tokens=30)], "draft_table": [[1, 4, 4], [5, 256, 0]],
+            "step_cost_ms": cost}
+    out = speculative.summarise({"off": {"calls": [dict(epoch=0, seconds=2.0, tokens=20)]},
+                                 "draft": [first, last]})
+    assert out["draft"]["draft_table"] == [[1, 4, 4], [5, 256, 0]]
+    assert out["draft"]["step_cost_ms"] == cost
+    assert out["draft"]["ratio_tokens_per_s_vs_off"] == 2.0
+    assert "step_cost_ms" not in out["off"]

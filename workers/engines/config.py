@@ -41,6 +41,9 @@ class EngineConfig:
     # repeat it (GRPO's n samples). FSDP: padded layout only; Megatron: every layout.
     # See workers/engines/prefix_sharing.py
     share_prompt_prefix: bool = True
+    # Reorder a rank's rows by length (a prompt's samples kept together) before cutting them into
+    # micro-batches, so each micro-batch is cut to a similar length. See workers/engines/length_order.py
+    group_by_length: bool = False
     # FSDP only: ranks one parameter is sharded over. -1: all data-parallel ranks (FSDP);
     # 1: none, every rank holds the full model (DDP); k: HSDP, shard within k, replicate across.
     fsdp_size: int = -1
