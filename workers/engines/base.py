@@ -98,6 +98,13 @@ def active_span(attention_mask: Tensor, prompt_length: int) -> tuple[int, int]:
     return start, min(end, attention_mask.shape[1])
 
 
+def real_columns(attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's first real column and one past its last (prompts left-padded, responses
+    right-padded)."""
+    real = attention_mask.bool()
+    return real.int().argmax(-1), real.shape[1] - real.flip(-1).int().argmax(-1)
+
+
 def mini_batch_token_mean(token_values: Tensor, mask: Tensor, micro_batch) -> Tensor:
     """Micro-batch loss whose accumulated, DP-averaged gradient is that of the token mean of
     ``token_values`` over the *whole* mini-batch on all ranks (``mini_batch_agg``, token-mean)."""

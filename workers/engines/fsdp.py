@@ -54,7 +54,7 @@ from workers.engines.logprob import response_log_probs, response_logits
 from workers.engines.lora import add_lora, lora_scalings, merge_lora
 from workers.engines.offload import HostOffload
 from workers.engines.optim import build_optimizer, build_scheduler, move_optimizer_state
-from workers.engines.length_order import length_order, restore_order
+from workers.engines.length_order import in_length_order, restore_order
 from workers.engines.token_budget import local_plans, micro_batches
 
 ROLES = ("actor", "ref", "critic")
@@ -241,9 +241,7 @@ class FSDPEngine:
         """``local``: this rank alone, with no collective (replicated only); the others may do anything."""
         if local and (why := self.local_inference_block()):
             raise ValueError(f"FSDPEngine.{what}(local=True): {why}")
-        order = length_order(data) if self.config.group_by_length else None
-        if order is not None:
-            data = data[order]
+        data, order = in_length_order(data, self.config.group_by_length)
         with local_plans() if local else contextlib.nullcontext():  # local: no cross-rank micro-batch count
             micros = micro_batches(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu,
                                    device=self.device)
@@ -281,8 +279,7 @@ class FSDPEngine:
         refuse_padded_rows(data, self.dp_size)
         meta = mini_batch_meta(data, self.dp_size, None, self.device)
         data = compact_rows(data, skip_rows, None, self.device)
-        if data is not None and self.config.group_by_length and (order := length_order(data)) is not None:
-            data = data[order]  # the loss is the whole mini-batch's: nothing to put back
+        data, _ = in_length_order(data, self.config.group_by_length)  # a mini-batch loss: no order to restore
         rows = len(data) if data is not None else 0
         micros = (micro_batches(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu,
                                 device=self.device) if rows else [])

@@ -25,28 +25,35 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from workers.engines.base import real_columns
+from workers.engines.prefix_sharing import distinct_prompts
+
 
 def length_order(data) -> Tensor | None:
     """The permutation that puts ``data``'s rows into micro-batch order (``data[order]``), or None
     where that is the order they are in.
 
     A row's length is where its last real token ends (responses are right-padded); rows share a
-    prompt when their prompt columns (token ids and mask) agree."""
-    mask = data.batch["attention_mask"].bool()
-    rows, cols = mask.shape
+    prompt as the shared-prompt forward counts it (``prefix_sharing.distinct_prompts``)."""
+    b = data.batch
+    rows, cols = b["attention_mask"].shape
     if rows < 2:
         return None
-    prompt_cols = cols - data.batch["responses"].shape[1]
-    end = cols - mask.flip(-1).int().argmax(-1)  # one past the last real column
-    prompt_mask = mask[:, :prompt_cols].long()
-    key = torch.cat([data.batch["input_ids"][:, :prompt_cols] * prompt_mask, prompt_mask], dim=1)
-    _, group = torch.unique(key, dim=0, return_inverse=True)
+    _, end = real_columns(b["attention_mask"])
+    first_rows, group = distinct_prompts(b["input_ids"], b["attention_mask"], b["position_ids"], 0,
+                                         cols - b["responses"].shape[1])
     index = torch.arange(rows)
-    group_first = torch.full((int(group.max()) + 1,), rows).scatter_reduce(0, group, index, "amin")
     # stable sorts from the least significant key up: (row's end, its prompt's first row, row)
-    order = index[torch.sort(group_first[group], stable=True).indices]
+    order = index[torch.sort(first_rows[group], stable=True).indices]
     order = order[torch.sort(end[order], stable=True).indices]
     return None if torch.equal(order, index) else order
+
+
+def in_length_order(data, enabled: bool):
+    """``(data in micro-batch order, the permutation or None)``: the engines' one call, before they
+    cut micro-batches (``enabled``: ``EngineConfig.group_by_length``)."""
+    order = length_order(data) if enabled and data is not None else None
+    return (data if order is None else data[order]), order
 
 
 def restore_order(order: Tensor | None, values: Tensor) -> Tensor:

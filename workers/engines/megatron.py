@@ -37,7 +37,7 @@ from workers.engines.base import (META_MINI_BATCH_ROWS, LossFn, active_span, com
 from workers.engines import prefix_sharing
 from workers.engines.config import EngineConfig
 from workers.engines.hf_export import write_hf_checkpoint
-from workers.engines.length_order import length_order, restore_order
+from workers.engines.length_order import in_length_order, restore_order
 from workers.engines.logprob import response_log_probs
 from workers.engines.megatron_pipeline import (Schedule, StageLink, forward_only, no_work, reversed_p2p_group,
                                                run_blocking, schedule_1f1b)
@@ -214,8 +214,7 @@ class MegatronEngine:
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def _infer(self, data, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
-        order = length_order(data) if self.config.group_by_length else None
-        data = data if order is None else data[order]
+        data, order = in_length_order(data, self.config.group_by_length)
         micros, spans, shape_of = self._plan(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu)
         self.model.eval()
 
@@ -278,8 +277,7 @@ class MegatronEngine:
         dp_group = ps.get_data_parallel_group()
         meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
         data = compact_rows(data, skip_rows, dp_group, self.device)
-        if data is not None and self.config.group_by_length and (order := length_order(data)) is not None:
-            data = data[order]  # the loss is the whole mini-batch's: nothing to put back
+        data, _ = in_length_order(data, self.config.group_by_length)  # a mini-batch loss: no order to restore
         rows = len(data) if data is not None else 0
         micros, spans, shape_of = [], [], None
         if rows:

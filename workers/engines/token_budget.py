@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from workers.engines.base import split_micro_batches
+from workers.engines.base import real_columns, split_micro_batches
 
 _local = False  # inside ``local_plans()``: this rank plans alone
 
@@ -78,9 +78,7 @@ def token_budget_micro_batches(data, max_tokens: int, group=None, device=None) -
     on every rank of ``group`` (all-reduce MAX when a process group is initialised)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens}: use a positive token count")
-    real = data.batch["attention_mask"].bool()
-    first = real.int().argmax(-1)  # left padding: the first real column
-    last = real.shape[1] - real.flip(-1).int().argmax(-1)  # right padding: one past the last
+    first, last = real_columns(data.batch["attention_mask"])
     sizes = _groups_within(list(zip(first.tolist(), last.tolist())), max_tokens)
     if dist.is_initialized() and not _local:
         count = torch.tensor([len(sizes)], dtype=torch.int64, device=device)
