@@ -30,8 +30,9 @@ class ModelConfig(LoraKeys):
     use_remove_padding: bool = key(False, "pack sequences without padding tokens")
     share_prompt_prefix: bool = key(True, "one forward per distinct prompt, its KV cache shared by its n samples "
                                           "(workers/engines/prefix_sharing.py)")
-    group_by_length: bool = key(False, "cut each rank's rows into micro-batches in length order, a prompt's samples "
-                                       "together: less padding on long-tailed answers (workers/engines/length_order.py)")
+    group_by_length: bool = key(True, "cut each rank's rows into micro-batches in length order, a prompt's samples "
+                                      "together, where that feeds the model fewer padded positions than batch order "
+                                      "(long-tailed answers; workers/engines/length_order.py)")
     custom_chat_template: str | None = key(None, "a Jinja chat template replacing the tokenizer's")
     override_config: dict[str, Any] = key({}, "HF config attributes to replace, e.g. "
                                               "+actor_rollout_ref.model.override_config.attention_dropout=0.0")

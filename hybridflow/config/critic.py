@@ -17,7 +17,7 @@ class CriticModelConfig(LoraKeys):  # LoRA: the adapters and the value head trai
     enable_gradient_checkpointing: bool = key(False, "recompute activations in backward (less memory)")
     use_remove_padding: bool = key(False, "pack sequences without padding tokens")
     share_prompt_prefix: bool = key(True, "one forward per distinct prompt, its KV cache shared by its n samples")
-    group_by_length: bool = key(False, "as actor_rollout_ref.model.group_by_length, for the critic's passes")
+    group_by_length: bool = key(True, "as actor_rollout_ref.model.group_by_length, for the critic's passes")
     override_config: dict[str, Any] = key({}, "as actor_rollout_ref.model.override_config, for the critic's model")
     external_lib: str | None = key(None, "as actor_rollout_ref.model.external_lib; null: the actor's")
     fsdp_config: FSDPConfig = key(FSDPConfig(), "only with strategy=fsdp (verl keeps it under critic.model)")

@@ -43,7 +43,7 @@ class EngineConfig:
     share_prompt_prefix: bool = True
     # Reorder a rank's rows by length (a prompt's samples kept together) before cutting them into
     # micro-batches, so each micro-batch is cut to a similar length. See workers/engines/length_order.py
-    group_by_length: bool = False
+    group_by_length: bool = True  # model.group_by_length: length-ordered micro-batches where they pad less
     # FSDP only: ranks one parameter is sharded over. -1: all data-parallel ranks (FSDP);
     # 1: none, every rank holds the full model (DDP); k: HSDP, shard within k, replicate across.
     fsdp_size: int = -1

@@ -195,6 +195,11 @@ class FSDPEngine:
             head = torch.nn.functional.pad(head, (0, 0, 0, resp_len - kept))
         return head
 
+    def _in_length_order(self, data, rows: int, max_tokens: int | None):
+        # packed micro-batches (use_remove_padding) hold no padding for the order to save
+        enabled = self.config.group_by_length and not self.config.use_remove_padding
+        return in_length_order(data, enabled, rows, max_tokens, self._shares_prompts())
+
     def _shares_prompts(self) -> bool:
         # gradient checkpointing turns transformers' cache off in training
         return self.config.share_prompt_prefix and not (self.config.gradient_checkpointing and torch.is_grad_enabled())
@@ -241,7 +246,7 @@ class FSDPEngine:
         """``local``: this rank alone, with no collective (replicated only); the others may do anything."""
         if local and (why := self.local_inference_block()):
             raise ValueError(f"FSDPEngine.{what}(local=True): {why}")
-        data, order = in_length_order(data, self.config.group_by_length)
+        data, order = self._in_length_order(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu)
         with local_plans() if local else contextlib.nullcontext():  # local: no cross-rank micro-batch count
             micros = micro_batches(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu,
                                    device=self.device)
@@ -279,7 +284,8 @@ class FSDPEngine:
         refuse_padded_rows(data, self.dp_size)
         meta = mini_batch_meta(data, self.dp_size, None, self.device)
         data = compact_rows(data, skip_rows, None, self.device)
-        data, _ = in_length_order(data, self.config.group_by_length)  # a mini-batch loss: no order to restore
+        data, _ = self._in_length_order(data, self.config.micro_batch_size_per_gpu,  # a mini-batch loss:
+                                        self.config.max_token_len_per_gpu)  # no order to restore
         rows = len(data) if data is not None else 0
         micros = (micro_batches(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu,
                                 device=self.device) if rows else [])

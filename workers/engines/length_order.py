@@ -14,9 +14,11 @@ Rows go by where their last real token ends; rows of equal length go by prompt (
 their prompt, then their own position), so a prompt's samples of one length sit together and the
 shared-prompt forward (prefix_sharing.py) still runs their prompt once per micro-batch. Samples of
 one prompt with different lengths land in different micro-batches: the prompt then runs once in
-each, which costs little where answers are long and prompts short (the case this is for); with
-long prompts and short answers, leave it off. Forward-only passes give their results back in the
-caller's order. A training step's loss is aggregated over the whole mini-batch
+each, which costs little where answers are long and prompts short, and can cost several times
+what the order saves where prompts are long and answers short. So the order is taken only where
+it feeds the model fewer token positions than batch order (:func:`padded_positions`, counted as
+the engines cut and share), rank by rank and call by call. Forward-only passes give their results
+back in the caller's order. A training step's loss is aggregated over the whole mini-batch
 (algorithms/mini_batch_agg.py) and its metrics are row-weighted means, so the order changes no
 number beyond fp32 summation order.
 """
@@ -26,7 +28,15 @@ import torch
 from torch import Tensor
 
 from workers.engines.base import real_columns
-from workers.engines.prefix_sharing import distinct_prompts
+from workers.engines.prefix_sharing import MIN_SAVED_FRACTION, distinct_prompts
+from workers.engines.token_budget import groups_within
+
+
+def _prompts(data) -> tuple[Tensor, Tensor]:
+    """``(each prompt's first row, each row's prompt)``, as the shared-prompt forward counts them."""
+    b = data.batch
+    cols = b["attention_mask"].shape[1]
+    return distinct_prompts(b["input_ids"], b["attention_mask"], b["position_ids"], 0, cols - b["responses"].shape[1])
 
 
 def length_order(data) -> Tensor | None:
@@ -35,13 +45,11 @@ def length_order(data) -> Tensor | None:
 
     A row's length is where its last real token ends (responses are right-padded); rows share a
     prompt as the shared-prompt forward counts it (``prefix_sharing.distinct_prompts``)."""
-    b = data.batch
-    rows, cols = b["attention_mask"].shape
+    rows = len(data)
     if rows < 2:
         return None
-    _, end = real_columns(b["attention_mask"])
-    first_rows, group = distinct_prompts(b["input_ids"], b["attention_mask"], b["position_ids"], 0,
-                                         cols - b["responses"].shape[1])
+    _, end = real_columns(data.batch["attention_mask"])
+    first_rows, group = _prompts(data)
     index = torch.arange(rows)
     # stable sorts from the least significant key up: (row's end, its prompt's first row, row)
     order = index[torch.sort(first_rows[group], stable=True).indices]
@@ -49,11 +57,46 @@ def length_order(data) -> Tensor | None:
     return None if torch.equal(order, index) else order
 
 
-def in_length_order(data, enabled: bool):
+def padded_positions(data, order: Tensor | None, rows: int, max_tokens: int | None, share: bool) -> int:
+    """Token positions the micro-batches of ``data[order]`` feed the model, as the engines cut them
+    (``rows`` per micro-batch, or by ``max_tokens``: ``token_budget``) and run them: each over the
+    columns its rows span (``base.active_span``; the last column is never an input), and with
+    ``share``, each distinct prompt once when that saves enough (``prefix_sharing.saves_enough``).
+    A linear count: attention's quadratic part is small beside the linear layers at RL lengths."""
+    mask = data.batch["attention_mask"]
+    prompt_len = mask.shape[1] - data.batch["responses"].shape[1]
+    first, last = real_columns(mask)
+    _, group = _prompts(data)
+    if order is not None:
+        first, last, group = first[order], last[order], group[order]
+    n = len(first)
+    sizes = [min(rows, n - s) for s in range(0, n, rows)] if max_tokens is None else \
+        groups_within(list(zip(first.tolist(), last.tolist())), max_tokens)
+    total, at = 0, 0
+    for size in sizes:
+        part = slice(at, at + size)
+        at += size
+        start = min(int(first[part].min()), prompt_len - 1)
+        end = max(int(last[part].max()), prompt_len + 1)
+        fed = size * (end - 1 - start)
+        if share:
+            saved = (size - len(torch.unique(group[part]))) * (prompt_len - start)
+            if saved > 0 and saved >= MIN_SAVED_FRACTION * fed:
+                fed -= saved
+        total += fed
+    return total
+
+
+def in_length_order(data, enabled: bool, rows: int, max_tokens: int | None, share: bool):
     """``(data in micro-batch order, the permutation or None)``: the engines' one call, before they
-    cut micro-batches (``enabled``: ``EngineConfig.group_by_length``)."""
+    cut micro-batches (``enabled``: ``EngineConfig.group_by_length``; ``rows``, ``max_tokens`` and
+    ``share`` as :func:`padded_positions`). Length order is taken only where it feeds the model
+    fewer positions than the order the rows came in."""
     order = length_order(data) if enabled and data is not None else None
-    return (data if order is None else data[order]), order
+    if order is None or padded_positions(data, order, rows, max_tokens, share) >= \
+            padded_positions(data, None, rows, max_tokens, share):
+        return data, None
+    return data[order], order
 
 
 def restore_order(order: Tensor | None, values: Tensor) -> Tensor:

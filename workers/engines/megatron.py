@@ -214,7 +214,8 @@ class MegatronEngine:
     # ------------------------------------------------------------------ inference
     @torch.no_grad()
     def _infer(self, data, temperature: float, calculate_entropy: bool) -> dict[str, Tensor]:
-        data, order = in_length_order(data, self.config.group_by_length)
+        data, order = in_length_order(data, self.config.group_by_length, self.config.infer_micro,
+                                      self.config.infer_max_token_len_per_gpu, self.config.share_prompt_prefix)
         micros, spans, shape_of = self._plan(data, self.config.infer_micro, self.config.infer_max_token_len_per_gpu)
         self.model.eval()
 
@@ -277,7 +278,9 @@ class MegatronEngine:
         dp_group = ps.get_data_parallel_group()
         meta = mini_batch_meta(data, self.dp_size, dp_group, self.device)
         data = compact_rows(data, skip_rows, dp_group, self.device)
-        data, _ = in_length_order(data, self.config.group_by_length)  # a mini-batch loss: no order to restore
+        # a mini-batch loss: no order to restore
+        data, _ = in_length_order(data, self.config.group_by_length, self.config.micro_batch_size_per_gpu,
+                                  self.config.max_token_len_per_gpu, self.config.share_prompt_prefix)
         rows = len(data) if data is not None else 0
         micros, spans, shape_of = [], [], None
         if rows:

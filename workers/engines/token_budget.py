@@ -48,7 +48,7 @@ def micro_batches(data, rows: int, max_tokens: int | None, group=None, device=No
     return token_budget_micro_batches(data, max_tokens, group, device)
 
 
-def _groups_within(spans: list[tuple[int, int]], max_tokens: int) -> list[int]:
+def groups_within(spans: list[tuple[int, int]], max_tokens: int) -> list[int]:
     """Row counts of consecutive groups that fit ``max_tokens`` as the engines compute them: rows
     x the group's column span (earliest first real token to latest last one). A row wider than
     the budget goes alone."""
@@ -79,7 +79,7 @@ def token_budget_micro_batches(data, max_tokens: int, group=None, device=None) -
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens}: use a positive token count")
     first, last = real_columns(data.batch["attention_mask"])
-    sizes = _groups_within(list(zip(first.tolist(), last.tolist())), max_tokens)
+    sizes = groups_within(list(zip(first.tolist(), last.tolist())), max_tokens)
     if dist.is_initialized() and not _local:
         count = torch.tensor([len(sizes)], dtype=torch.int64, device=device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)

@@ -75,9 +75,9 @@ def test_skipping_the_old_log_prob_forward_off_policy_is_refused():
 
 def test_group_by_length_reaches_each_engine_from_its_model_section():
     cfg = load_config({"algorithm": {"adv_estimator": "gae"}, "trainer": {"n_gpus_per_node": 2},
-                       "actor_rollout_ref": {"model": {"group_by_length": True}, "actor": {"use_kl_loss": True}}})
+                       "actor_rollout_ref": {"model": {"group_by_length": False}, "actor": {"use_kl_loss": True}}})
     settings = engine_settings(cfg)
-    assert settings["actor"]["group_by_length"] and settings["ref"]["group_by_length"]
-    assert not settings["critic"]["group_by_length"]  # the critic's own key, off by default
-    cfg.critic.model.group_by_length = True
-    assert engine_settings(cfg)["critic"]["group_by_length"]
+    assert not settings["actor"]["group_by_length"] and not settings["ref"]["group_by_length"]
+    assert settings["critic"]["group_by_length"]  # the critic's own key, on by default
+    cfg.critic.model.group_by_length = False
+    assert not engine_settings(cfg)["critic"]["group_by_length"]

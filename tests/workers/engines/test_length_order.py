@@ -1,6 +1,7 @@
-"""Micro-batches in length order (``group_by_length``, workers/engines/length_order.py): prompt
-groups ordered by their longest row with their rows kept together, and on both engines the same
-log-probs, values and training step as in batch order, for less padding computed."""
+"""Micro-batches in length order (``group_by_length``, workers/engines/length_order.py): rows by
+length with a prompt's equal-length samples together, taken only where that feeds the model fewer
+positions (not for long prompts with short answers), and on both engines the same log-probs, values
+and training step as in batch order, for less padding computed."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,8 @@ from hybridflow.tiny import make_tiny_checkpoint
 from tests.distributed import run_distributed
 from tests.workers.engines.fsdp_helpers import make_grouped_rl_batch, policy_gradient_loss, value_loss
 from workers.engines.base import active_span, split_micro_batches
-from workers.engines.length_order import length_order, restore_order
+from workers.engines.token_budget import micro_batches
+from workers.engines.length_order import in_length_order, length_order, padded_positions, restore_order
 
 P, R, VOCAB, TEMP = 6, 12, 128, 0.7
 
@@ -54,6 +56,38 @@ def test_length_order_cuts_the_padding_micro_batches_compute():
         return sum(4 * (end - start) for start, end in spans)
 
     assert padded(data[length_order(data)]) < padded(data)
+    # padded_positions counts what the engines feed: the last column is never an input
+    assert padded_positions(data, None, 4, None, share=False) == padded(data) - 16
+
+
+def _answer_lengths(data, lengths) -> None:
+    """Give each prompt's samples (consecutive rows) the answer length ``lengths[prompt]``."""
+    mask = data.batch["attention_mask"]
+    n = len(data) // len(lengths)
+    mask[:, P:] = 0
+    for row in range(len(data)):
+        mask[row, P:P + lengths[row // n]] = 1
+    data.batch["response_mask"] = mask[:, P:].clone()
+
+
+def test_the_order_is_taken_only_where_it_feeds_fewer_positions():
+    # long and short answers alternate by prompt: length order pairs the short prompts
+    data = make_grouped_rl_batch(prompts=4, n=2, prompt_len=P, resp_len=R, vocab=VOCAB, seed=7)
+    _answer_lengths(data, (R, 2, R - 1, 3))
+    ordered, order = in_length_order(data, True, 4, None, share=True)
+    assert order is not None and padded_positions(data, order, 4, None, True) < padded_positions(data, None, 4, None, True)
+    assert in_length_order(data, False, 4, None, share=True)[1] is None  # the key off
+    # long prompts, short answers of every length within each prompt: sorting would split each
+    # prompt's samples over micro-batches and run the prompt once in each
+    data = make_grouped_rl_batch(prompts=8, n=4, prompt_len=200, resp_len=16, vocab=VOCAB, seed=1)
+    assert length_order(data) is not None
+    kept, order = in_length_order(data, True, 8, None, share=True)
+    assert order is None and kept is data
+    # token-budget micro-batches are counted as token_budget cuts them
+    micros = micro_batches(data, 8, 1500)
+    spans = [active_span(m.batch["attention_mask"], 200) for m in micros]
+    assert {len(m) for m in micros} != {8} and padded_positions(data, None, 8, 1500, False) == \
+        sum(len(m) * (end - 1 - start) for m, (start, end) in zip(micros, spans))
 
 
 def _both_orders(rank, world, ckpt, strategy, role):
@@ -62,11 +96,12 @@ def _both_orders(rank, world, ckpt, strategy, role):
     # data-parallel ranks (FSDP) hold rows of their own; Megatron's TP peers hold the same rows
     seed = 11 + (rank if strategy == "fsdp" else 0)
     data = make_grouped_rl_batch(prompts=4, n=2, prompt_len=P, resp_len=R, vocab=VOCAB, seed=seed)
+    _answer_lengths(data, (3, R, 1, R) if seed == 12 else (R, 2, R - 1, 3))
     data.meta_info["temperature"] = TEMP
-    assert length_order(data) is not None  # the engines do reorder these rows
+    assert in_length_order(data, True, 4, None, share=True)[1] is not None  # the engines do reorder these rows
     out = {}
     for grouped in (False, True):
-        kwargs = dict(strategy=strategy, micro_batch_size_per_gpu=2, lr=1e-3, group_by_length=grouped, seed=0)
+        kwargs = dict(strategy=strategy, micro_batch_size_per_gpu=4, lr=1e-3, group_by_length=grouped, seed=0)
         if strategy == "megatron":
             kwargs.update(tp=world)
         if strategy == "fsdp":

@@ -27,8 +27,11 @@ KEYS = ("old_log_probs", "entropys", "ref_log_prob", "values", "megatron")
 def _engine_config(**overrides):
     from workers.engines.config import EngineConfig
 
-    # a token budget that splits the batch: the planner's cross-rank count is what local skips
-    base = dict(fsdp_size=1, micro_batch_size_per_gpu=2, infer_max_token_len_per_gpu=40, seed=0)
+    # a token budget that splits the batch: the planner's cross-rank count is what local skips.
+    # Batch order, so that the whole batch's micro-batches are the two halves' and the numbers
+    # equal to 1e-6 (length order recuts them: equal to fp32 rounding of other widths only)
+    base = dict(fsdp_size=1, micro_batch_size_per_gpu=2, infer_max_token_len_per_gpu=40, group_by_length=False,
+                seed=0)
     return EngineConfig(**{**base, **overrides})
 
 

@@ -2,7 +2,7 @@
 import torch
 
 from hybridflow.protocol import DataProto
-from workers.engines.token_budget import _groups_within, _split_to, micro_batches, token_budget_micro_batches
+from workers.engines.token_budget import groups_within, _split_to, micro_batches, token_budget_micro_batches
 
 
 def _batch(spans, width=12):
@@ -15,9 +15,9 @@ def _batch(spans, width=12):
 
 def test_groups_count_rows_times_the_columns_they_span():
     # 3 rows spanning 4 columns fit 12; a 4th widening the span to 6 would cost 24
-    assert _groups_within([(2, 6), (3, 6), (2, 5), (0, 6), (0, 6)], 12) == [3, 2]
-    assert _groups_within([(0, 12), (0, 3)], 8) == [1, 1]  # a row wider than the budget goes alone
-    assert _groups_within([], 8) == []
+    assert groups_within([(2, 6), (3, 6), (2, 5), (0, 6), (0, 6)], 12) == [3, 2]
+    assert groups_within([(0, 12), (0, 3)], 8) == [1, 1]  # a row wider than the budget goes alone
+    assert groups_within([], 8) == []
 
 
 def test_split_halves_the_largest_group_until_the_count_is_reached():
