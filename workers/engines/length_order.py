@@ -32,41 +32,44 @@ from workers.engines.prefix_sharing import MIN_SAVED_FRACTION, distinct_prompts
 from workers.engines.token_budget import groups_within
 
 
-def _prompts(data) -> tuple[Tensor, Tensor]:
-    """``(each prompt's first row, each row's prompt)``, as the shared-prompt forward counts them."""
-    b = data.batch
-    cols = b["attention_mask"].shape[1]
-    return distinct_prompts(b["input_ids"], b["attention_mask"], b["position_ids"], 0, cols - b["responses"].shape[1])
+class _Rows:
+    """Each row's first real column and one past its last, and its prompt number (as the
+    shared-prompt forward counts prompts), with each prompt's first row: computed once per call."""
+
+    def __init__(self, data):
+        b = data.batch
+        mask = b["attention_mask"]
+        self.prompt_len = mask.shape[1] - b["responses"].shape[1]
+        self.first, self.last = real_columns(mask)
+        self.first_rows, self.group = distinct_prompts(b["input_ids"], mask, b["position_ids"], 0, self.prompt_len)
 
 
-def length_order(data) -> Tensor | None:
+def length_order(data, rows: _Rows | None = None) -> Tensor | None:
     """The permutation that puts ``data``'s rows into micro-batch order (``data[order]``), or None
     where that is the order they are in.
 
     A row's length is where its last real token ends (responses are right-padded); rows share a
     prompt as the shared-prompt forward counts it (``prefix_sharing.distinct_prompts``)."""
-    rows = len(data)
-    if rows < 2:
+    n = len(data)
+    if n < 2:
         return None
-    _, end = real_columns(data.batch["attention_mask"])
-    first_rows, group = _prompts(data)
-    index = torch.arange(rows)
+    rows = rows or _Rows(data)
+    index = torch.arange(n)
     # stable sorts from the least significant key up: (row's end, its prompt's first row, row)
-    order = index[torch.sort(first_rows[group], stable=True).indices]
-    order = order[torch.sort(end[order], stable=True).indices]
+    order = index[torch.sort(rows.first_rows[rows.group], stable=True).indices]
+    order = order[torch.sort(rows.last[order], stable=True).indices]
     return None if torch.equal(order, index) else order
 
 
-def padded_positions(data, order: Tensor | None, rows: int, max_tokens: int | None, share: bool) -> int:
+def padded_positions(data, order: Tensor | None, rows: int, max_tokens: int | None, share: bool,
+                     layout: _Rows | None = None) -> int:
     """Token positions the micro-batches of ``data[order]`` feed the model, as the engines cut them
     (``rows`` per micro-batch, or by ``max_tokens``: ``token_budget``) and run them: each over the
     columns its rows span (``base.active_span``; the last column is never an input), and with
     ``share``, each distinct prompt once when that saves enough (``prefix_sharing.saves_enough``).
     A linear count: attention's quadratic part is small beside the linear layers at RL lengths."""
-    mask = data.batch["attention_mask"]
-    prompt_len = mask.shape[1] - data.batch["responses"].shape[1]
-    first, last = real_columns(mask)
-    _, group = _prompts(data)
+    layout = layout or _Rows(data)
+    prompt_len, first, last, group = layout.prompt_len, layout.first, layout.last, layout.group
     if order is not None:
         first, last, group = first[order], last[order], group[order]
     n = len(first)
@@ -92,9 +95,12 @@ def in_length_order(data, enabled: bool, rows: int, max_tokens: int | None, shar
     cut micro-batches (``enabled``: ``EngineConfig.group_by_length``; ``rows``, ``max_tokens`` and
     ``share`` as :func:`padded_positions`). Length order is taken only where it feeds the model
     fewer positions than the order the rows came in."""
-    order = length_order(data) if enabled and data is not None else None
-    if order is None or padded_positions(data, order, rows, max_tokens, share) >= \
-            padded_positions(data, None, rows, max_tokens, share):
+    if not enabled or data is None or len(data) < 2:
+        return data, None
+    layout = _Rows(data)
+    order = length_order(data, layout)
+    if order is None or padded_positions(data, order, rows, max_tokens, share, layout) >= \
+            padded_positions(data, None, rows, max_tokens, share, layout):
         return data, None
     return data[order], order
 
