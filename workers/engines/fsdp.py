@@ -284,8 +284,8 @@ class FSDPEngine:
         refuse_padded_rows(data, self.dp_size)
         meta = mini_batch_meta(data, self.dp_size, None, self.device)
         data = compact_rows(data, skip_rows, None, self.device)
-        data, _ = self._in_length_order(data, self.config.micro_batch_size_per_gpu,  # a mini-batch loss:
-                                        self.config.max_token_len_per_gpu)  # no order to restore
+        # a mini-batch loss: no order to restore
+        data, _ = self._in_length_order(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu)
         rows = len(data) if data is not None else 0
         micros = (micro_batches(data, self.config.micro_batch_size_per_gpu, self.config.max_token_len_per_gpu,
                                 device=self.device) if rows else [])

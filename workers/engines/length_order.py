@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from workers.engines.base import real_columns
-from workers.engines.prefix_sharing import MIN_SAVED_FRACTION, distinct_prompts
+from workers.engines.prefix_sharing import distinct_prompts, saves_enough
 from workers.engines.token_budget import groups_within
 
 
@@ -44,7 +44,7 @@ class _Rows:
         self.first_rows, self.group = distinct_prompts(b["input_ids"], mask, b["position_ids"], 0, self.prompt_len)
 
 
-def length_order(data, rows: _Rows | None = None) -> Tensor | None:
+def length_order(data, layout: _Rows | None = None) -> Tensor | None:
     """The permutation that puts ``data``'s rows into micro-batch order (``data[order]``), or None
     where that is the order they are in.
 
@@ -53,11 +53,11 @@ def length_order(data, rows: _Rows | None = None) -> Tensor | None:
     n = len(data)
     if n < 2:
         return None
-    rows = rows or _Rows(data)
+    layout = layout or _Rows(data)
     index = torch.arange(n)
     # stable sorts from the least significant key up: (row's end, its prompt's first row, row)
-    order = index[torch.sort(rows.first_rows[rows.group], stable=True).indices]
-    order = order[torch.sort(rows.last[order], stable=True).indices]
+    order = index[torch.sort(layout.first_rows[layout.group], stable=True).indices]
+    order = order[torch.sort(layout.last[order], stable=True).indices]
     return None if torch.equal(order, index) else order
 
 
@@ -82,10 +82,9 @@ def padded_positions(data, order: Tensor | None, rows: int, max_tokens: int | No
         start = min(int(first[part].min()), prompt_len - 1)
         end = max(int(last[part].max()), prompt_len + 1)
         fed = size * (end - 1 - start)
-        if share:
-            saved = (size - len(torch.unique(group[part]))) * (prompt_len - start)
-            if saved > 0 and saved >= MIN_SAVED_FRACTION * fed:
-                fed -= saved
+        prompts = torch.unique(group[part])
+        if share and saves_enough(prompts, size, prompt_len - start, end - 1 - start):
+            fed -= (size - len(prompts)) * (prompt_len - start)
         total += fed
     return total
 
