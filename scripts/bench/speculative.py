@@ -13,20 +13,23 @@ Parts:
   after epoch: history drafts only find the same prompt's earlier answers from the second epoch.
 - ``demo``: the demo's workload (its tiny SFT model and arithmetic prompts, 64 prompts x 8, 8
   tokens): answers too short for drafts to pay; adaptive drafting must cost nothing here. A call
-  takes 0.1 s, so this part runs ``--demo-epochs`` epochs in ``--demo-repeats`` runs per mode.
+  takes 0.2 s, so this part runs ``--demo-epochs`` epochs.
 - ``reallocation``: scripts/bench/reallocation.py's ``measure`` (one generation rank dealt three
   times the long samples; time to finish with and without moving samples).
 
-Each rollout mode runs in its own process: one ``VLLMRollout`` (the rollout workers' class) in a
-1-rank gloo world, warmed up on one batch, then timed per ``generate_sequences`` call. Modes:
-``off`` (no speculation; the baseline, vLLM's fastest plain decoding on this machine), ``adaptive``
-(history drafts, adaptive count: our default when speculation is on), ``history_k4`` (history
-drafts, always 4), ``ngram`` (vLLM's prompt look-up, adaptive) and, on the long tail only,
-``draft`` (``method=draft_model``, adaptive: a 0.3M-parameter draft distilled from the policy,
-scripts/bench/workloads/count_draft.py, built and cached on first use in about 2 minutes).
-Sampled lengths differ between modes, so the figure is tokens per second of generation, over all
-timed calls of ``--repeats`` runs of each mode (run in turn, off / adaptive / ... / off /
-adaptive / ...), and per epoch.
+All rollout modes of a part run in one process (``--repeats`` such processes), each mode one
+``VLLMRollout`` (the rollout workers' class) in a 1-rank gloo world, warmed up on one batch; then
+every batch is run by each mode in turn, the order reversed from one batch to the next, and each
+``generate_sequences`` call is timed. One process for all modes, because two processes of one mode
+differed by up to 10% on this 2-core machine (2026-11-27: which core vLLM binds, where its memory
+lies), more than the effects measured; within one process, calls a few tenths of a second apart
+see the same machine. Modes: ``off`` (no speculation; the baseline, vLLM's fastest plain decoding
+on this machine), ``adaptive`` (history drafts, adaptive count: our default when speculation is
+on), ``history_k4`` (history drafts, always 4), ``ngram`` (vLLM's prompt look-up, adaptive) and,
+on the long tail only, ``draft`` (``method=draft_model``, adaptive: a 0.3M-parameter draft
+distilled from the policy, scripts/bench/workloads/count_draft.py, built and cached on first use in
+about 2 minutes). Sampled lengths differ between modes, so the figure is tokens per second of
+generation over all timed calls, and per epoch.
 """
 from __future__ import annotations
 
@@ -91,68 +94,79 @@ def _prompt_batches(w: dict, batches: int):
     return out
 
 
-def run_mode(w: dict, mode: str, batches: int, epochs: int) -> dict:
-    """In this process: one engine, a warm-up call, then ``epochs`` passes over ``batches`` batches."""
-    import torch.distributed as dist
-
+def _engine(w: dict, mode: str):
     from workers.rollout.base import RolloutConfig
     from workers.rollout.vllm_rollout import VLLMRollout
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("BENCH_PORT", "29561"), RANK="0",
-                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    dist.init_process_group("gloo", rank=0, world_size=1)
     spec = dict(SPEC_DEFAULTS, **MODES[mode]) if MODES[mode] else {}
     if spec.get("method") == "draft_model":
         if not w.get("draft_model"):
             raise SystemExit(f"speculative bench: mode {mode} needs a draft model; this part has none")
         spec["draft_model_path"] = w["draft_model"]
-    rollout = VLLMRollout(RolloutConfig(prompt_length=w["prompt_length"], response_length=w["response_length"],
-                                        n=w["n"], temperature=w["temperature"], dtype=w["dtype"], seed=0,
-                                        kv_cache_gib=1.0, speculative=spec), w["model"])
+    return VLLMRollout(RolloutConfig(prompt_length=w["prompt_length"], response_length=w["response_length"],
+                                     n=w["n"], temperature=w["temperature"], dtype=w["dtype"], seed=0,
+                                     kv_cache_gib=1.0, speculative=spec), w["model"])
+
+
+def run_modes(w: dict, modes: list[str], batches: int, epochs: int) -> dict:
+    """In this process: one engine per mode, each warmed up on one batch, then ``epochs`` passes
+    over ``batches`` batches, every batch run by each engine in turn (the order reversed from one
+    batch to the next)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("BENCH_PORT", "29561"), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    engines = {mode: _engine(w, mode) for mode in modes}
     prompts = _prompt_batches(w, batches)
     warm = prompts.pop(0)
-    warm.meta_info = {}
-    rollout.generate_sequences(warm)
-    calls = []
+    for rollout in engines.values():
+        batch = warm[0:len(warm)]
+        batch.meta_info = {}
+        rollout.generate_sequences(batch)
+    calls = {mode: [] for mode in modes}
+    turn = 0
     for epoch in range(epochs):
         for b in prompts:
-            b = b[0:len(b)]
-            b.meta_info = {}
-            start = time.perf_counter()
-            out = rollout.generate_sequences(b)
-            seconds = time.perf_counter() - start
-            metrics = {k: round(v, 4) for k, v in out.meta_info["metrics"].items()}
-            calls.append(dict(epoch=epoch, seconds=round(seconds, 3), tokens=int(out.batch["response_mask"].sum()),
-                              **metrics))
-    res = dict(mode=mode, calls=calls)
-    if rollout.speculation is not None:
-        tuner = rollout.speculation.tuner
-        res["draft_table"] = tuner.table_summary()
-        line = tuner.cost_line()  # what the table was chosen from: this CPU's step costs
-        if line is not None:
-            res["step_cost_ms"] = dict(zip(("c0", "c1_per_token", "c2_verify", "c3_per_draft_pass"),
-                                           (round(c * 1e3, 3) for c in line)))
+            for mode in modes if turn % 2 == 0 else reversed(modes):
+                batch = b[0:len(b)]
+                batch.meta_info = {}
+                start = time.perf_counter()
+                out = engines[mode].generate_sequences(batch)
+                seconds = time.perf_counter() - start
+                metrics = {k: round(v, 4) for k, v in out.meta_info["metrics"].items()}
+                calls[mode].append(dict(epoch=epoch, seconds=round(seconds, 4),
+                                        tokens=int(out.batch["response_mask"].sum()), **metrics))
+            turn += 1
+    res = {}
+    for mode, rollout in engines.items():
+        res[mode] = dict(mode=mode, calls=calls[mode])
+        if rollout.speculation is not None:
+            tuner = rollout.speculation.tuner
+            res[mode]["draft_table"] = tuner.table_summary()
+            line = tuner.cost_line()  # what the table was chosen from: this CPU's step costs
+            if line is not None:
+                res[mode]["step_cost_ms"] = dict(zip(("c0", "c1_per_token", "c2_verify", "c3_per_draft_pass"),
+                                                     (round(c * 1e3, 3) for c in line)))
     return res
 
 
 def _plan(part: str, args) -> tuple[list[str], int, int]:
-    """A rollout part's modes, epochs per run and runs per mode. The demo has no draft model (one
-    for 8-token answers is not worth training), and a demo call takes 0.1 s: one process's 6 calls
-    are too little work to time, and two processes of one mode differed by up to 10% (2026-11-27),
-    so it runs more of both."""
+    """A rollout part's modes, epochs per run and runs. The demo has no draft model (one for
+    8-token answers is not worth training), and a demo call takes 0.2 s: it runs more epochs."""
     modes = args.modes.split(",")
     if part == "longtail":
         return modes, args.epochs, args.repeats
     return [m for m in modes if MODES[m].get("method") != "draft_model"], args.demo_epochs, args.demo_repeats
 
 
-def _spawn(part: str, mode: str, epochs: int, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", part, mode, "--batches", str(args.batches),
-           "--epochs", str(epochs)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+def _spawn(part: str, modes: list[str], epochs: int, args) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", part, ",".join(modes), "--batches",
+           str(args.batches), "--epochs", str(epochs)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
-        raise RuntimeError(f"{part}/{mode} failed (rc {done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"{part}/{modes} failed (rc {done.returncode}): {done.stderr[-2000:]}")
     return json.loads(lines[-1])
 
 
@@ -196,14 +210,14 @@ def main(argv=None) -> dict:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--batches", type=int, default=3, help="distinct batches per epoch")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved")
-    p.add_argument("--demo-epochs", type=int, default=4, help="epochs of the demo part")
-    p.add_argument("--demo-repeats", type=int, default=6, help="runs of each mode on the demo part")
-    p.add_argument("--worker", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=2, help="processes, each running every mode")
+    p.add_argument("--demo-epochs", type=int, default=30, help="epochs of the demo part")
+    p.add_argument("--demo-repeats", type=int, default=1, help="processes on the demo part")
+    p.add_argument("--worker", nargs=2, metavar=("PART", "MODES"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        part, mode = args.worker
-        print(json.dumps(run_mode(workload(part, args), mode, args.batches, args.epochs)))
+        part, modes = args.worker
+        print(json.dumps(run_modes(workload(part, args), modes.split(","), args.batches, args.epochs)))
         return {}
     report = dict(machine=_machine(), date=time.strftime("%Y-%m-%d"))
     for part in args.parts.split(","):
@@ -214,9 +228,9 @@ def main(argv=None) -> dict:
             continue
         modes, epochs, repeats = _plan(part, args)
         runs = {mode: [] for mode in modes}
-        for _ in range(repeats):  # interleaved, so a slow spell of the machine hits every mode
-            for mode in modes:
-                runs[mode].append(_spawn(part, mode, epochs, args))
+        for _ in range(repeats):
+            for mode, run in _spawn(part, modes, epochs, args).items():
+                runs[mode].append(run)
         report[part] = summarise(runs)
     print(json.dumps(report, indent=1))
     return report

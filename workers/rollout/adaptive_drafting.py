@@ -26,8 +26,10 @@ speculative decoding, ``num_speculative_tokens_per_batch_size``), which the sche
 proposers read each step. Exploring: a new engine drafts nothing until the cost line is measured,
 then drafts the most where that makes a step at most ``EXPLORE_COST`` times a plain one (the
 small batches of the long tail) until the acceptance is measured, or until enough requests asked
-for drafts that the look-ups rarely find (then drafting ends there). The measurements persist
-across calls, so later batches start from the table the earlier ones chose.
+for drafts that the look-ups rarely find (then drafting ends there). Exploring comes back in rounds
+once drafting has stopped, each round that chose no drafting making the wait before the next
+longer. The measurements persist across calls, so later batches start from the table the earlier
+ones chose.
 
 The tuner reads each step through the scheduler's ``schedule`` and ``update_from_output`` (wrapped
 on the instance): the engine core runs in this process (``external_launcher``).
@@ -49,6 +51,10 @@ MIN_TRIED = 16
 MIN_ASKED = 64
 # how much dearer than a plain step an exploring step may be: drafting is tried where it is cheap
 EXPLORE_COST = 2.0
+# steps after an exploring round before the next may start (once drafting has stopped); doubled
+# for each further round in a row that chose no drafting anywhere, up to 16x: where drafts never
+# pay (the demo's 8-token answers), exploring then costs a shrinking share of the steps
+EXPLORE_WAIT = 280
 
 
 class DraftTuner:
@@ -70,6 +76,12 @@ class DraftTuner:
         # else a run of such steps would read as drafts not found and hold the choice at 0.
         self.requests = self.with_draft = 0.0
         self.explored = False  # the acceptance is measured (else: explore)
+        # this exploring round's counts, not decayed: a workload that asks for drafts only in the
+        # last step or two of a call (short answers) would otherwise never reach the marks
+        self.round_tried = self.round_asked = 0
+        self.explored_at = 0  # the step the last round ended
+        self.fruitless = 0  # rounds in a row after which the table drafted nowhere
+        self._judge_round = False  # a round just ended: the next retune tells whether it was fruitless
         self._asked = False  # the last step's k (the proposer drafts for the next step) was > 0
         self.fit = np.zeros((4, 5))  # decayed sums of f f^T | f y, f = (1, tokens, drafted, passes), y = s
         self.steps_since = 0
@@ -109,6 +121,7 @@ class DraftTuner:
             # the decodes of a step mixed with prefills were asked too: where a batch refills as
             # it drains (more prompts than max_num_seqs), nearly every step is mixed
             self.requests += decodes if self._asked else 0
+            self.round_asked += decodes if self._asked else 0
             scheduled = {}
         for req_id, tokens in scheduled.items():
             d = len(drafts.get(req_id, ()))
@@ -120,9 +133,11 @@ class DraftTuner:
                 continue
             generated += got
             self.requests += self._asked
+            self.round_asked += self._asked
             if d == 0:
                 continue
             self.with_draft += 1
+            self.round_tried += 1
             a = got - 1  # accepted drafts: the rest is the bonus or the corrected token
             drafted, accepted = drafted + d, accepted + a
             for i in range(1, min(a + 1, d) + 1):
@@ -192,16 +207,26 @@ class DraftTuner:
         return expected
 
     def _explored(self) -> bool:
-        """Whether the acceptance is measured: ``MIN_TRIED`` drafts were checked, or, where look-ups
-        rarely find a draft, ``MIN_ASKED`` requests asked for one (the few found then give the
-        acceptance; none found, ``E(k) = 1``). Both counts decay, and with no drafting they stop
-        growing: the tuner explores again once both fell to a quarter of their marks (some 280
-        steps later), since the policy and the answers change as training goes on."""
-        if self.tried[1] >= MIN_TRIED or self.requests >= MIN_ASKED:
-            self.explored = True
-        elif self.tried[1] < MIN_TRIED / 4 and self.requests < MIN_ASKED / 4:
-            self.explored = False
+        """Whether the acceptance is measured. An exploring round ends once ``MIN_TRIED`` drafts
+        were checked in it, or, where look-ups rarely find a draft, ``MIN_ASKED`` requests asked
+        for one (the few found then give the acceptance; none found, ``E(k) = 1``). The next round
+        starts once drafting has stopped (the decayed counts fell to a quarter of the marks: with
+        no drafting they stop growing) and ``explore_wait`` steps have passed since, since the
+        policy and the answers change as training goes on; each further round in a row after which
+        nothing was drafted doubles that wait."""
+        steps = self.totals["steps"]
+        if not self.explored:
+            if max(self.round_tried, self.tried[1]) >= MIN_TRIED or max(self.round_asked, self.requests) >= MIN_ASKED:
+                self.explored, self.explored_at, self._judge_round = True, steps, True
+        elif (self.tried[1] < MIN_TRIED / 4 and self.requests < MIN_ASKED / 4
+              and steps - self.explored_at >= self.explore_wait()):
+            self.explored, self.round_tried, self.round_asked = False, 0, 0
         return self.explored
+
+    def explore_wait(self) -> int:
+        """Steps from the end of an exploring round to the next: ``EXPLORE_WAIT``, doubled for each
+        further fruitless round in a row, at most 16 times."""
+        return EXPLORE_WAIT * 2 ** min(max(self.fruitless - 1, 0), 4)
 
     def best_k(self, batch: int, expected: list[float], line: tuple[float, float, float, float]) -> int:
         c0, c1, c2, c3 = line
@@ -224,6 +249,9 @@ class DraftTuner:
                 self.table[batch] = self.k_max if drafting <= EXPLORE_COST * plain else 0
             else:
                 self.table[batch] = self.best_k(batch, expected, line)
+        if expected is not None and self._judge_round:
+            self.fruitless = 0 if any(self.table[1:]) else self.fruitless + 1
+            self._judge_round = False
 
     # ------------------------------------------------------------------ reporting
     def snapshot(self) -> dict:

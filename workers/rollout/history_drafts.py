@@ -53,15 +53,15 @@ class PromptHistory:
         self.tail = list(prompt[-max_n:])
 
     def new_doc(self, tokens: list[int]) -> int:
-        self.docs.append([])
+        self.docs.append(list(tokens))
         doc = len(self.docs) - 1
-        self.extend(doc, tokens)
+        self.pending.add(doc)
         return doc
 
     def extend(self, doc: int, tokens) -> None:
-        """Append tokens to a document; they are indexed at the next draft (steps that draft
-        nothing, as in a full batch, then cost an append per request)."""
-        self.docs[doc].extend(int(t) for t in tokens)
+        """Append tokens to a document; they are indexed at the next draft from this history (an
+        answer finished in a full batch costs a list copy, not its n-grams)."""
+        self.docs[doc].extend(tokens)
         self.pending.add(doc)
 
     def _index_pending(self) -> None:
@@ -84,6 +84,12 @@ class PromptHistory:
                             del docs[0]
             self.indexed[doc] = len(seq)
         self.pending.clear()
+
+    def truncate(self, doc: int, length: int) -> None:
+        """vLLM took tokens back (a request's output cut to what it kept): drop them here too. The
+        index may still point past the cut; a draft from there is only verified and rejected."""
+        del self.docs[doc][length:]
+        self.indexed[doc] = min(self.indexed.get(doc, 0), length)
 
     def finish(self, doc: int, keep: int) -> None:
         """An answer is done: keep it as a draft source, dropping the oldest beyond ``keep``."""
@@ -128,14 +134,18 @@ class PromptHistory:
 
 class HistoryDrafter:
     """vLLM's custom proposer protocol: ``propose(sampled_token_ids, num_tokens_no_spec,
-    token_ids_cpu, slot_mappings)`` returns one draft list per row of the runner's input batch."""
+    token_ids_cpu, slot_mappings)`` returns one draft list per row of the runner's input batch.
+
+    A step the table gives no drafts (a full batch) costs nothing here: requests are tracked only
+    from the first step that drafts for them, and every request's answer is kept when vLLM drops
+    its state (the runner's ``_on_request_state_removed``), drafted for or not."""
 
     def __init__(self, vllm_config):
         self.k_max = vllm_config.speculative_config.num_speculative_tokens
         self.runner = None  # until bind(): no drafts (vLLM's profiling runs come first)
         self.k_by_batch: list[int] | None = None
         self.prompts: OrderedDict[tuple, PromptHistory] = OrderedDict()
-        self.live: dict[str, tuple] = {}  # request -> (its history, its document, vLLM's state of it)
+        self.live: dict[str, tuple[PromptHistory, int]] = {}  # request drafted for -> (its history, its document)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner loads every drafter's model; this one has none."""
@@ -146,6 +156,13 @@ class HistoryDrafter:
         scheduler's dynamic table, rewritten in place by the adaptive tuner); None: ``k_max``."""
         self.runner, self.min_n, self.max_n = runner, min_n, max_n
         self.answers, self.max_prompts, self.k_by_batch = answers, prompts, k_by_batch
+        removed = runner._on_request_state_removed
+
+        def on_removed(req_id, state):
+            self.request_done(req_id, state)
+            removed(req_id, state)
+
+        runner._on_request_state_removed = on_removed
 
     def _history(self, prompt) -> PromptHistory:
         key = tuple(prompt)
@@ -159,40 +176,47 @@ class HistoryDrafter:
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_):
         """One draft per row. A request's tokens are read from the runner's own state of it
-        (``output_token_ids``, which vLLM keeps for penalties), so a step that drafts nothing costs
-        a look-up per request, not a copy of its tokens."""
+        (``output_token_ids``, which vLLM keeps for penalties), not copied each step."""
         rows = len(sampled_token_ids)
-        if self.runner is None:
+        table = self.k_by_batch
+        k = self.k_max if table is None else table[min(rows, len(table) - 1)]
+        if self.runner is None or k <= 0:
             return [[] for _ in range(rows)]
-        req_ids = self.runner.input_batch.req_ids[:rows]
-        live = self.live
-        for req_id in req_ids:
-            if req_id not in live:
-                state = self.runner.requests[req_id]
+        requests, live, drafts = self.runner.requests, self.live, []
+        for i, req_id in enumerate(self.runner.input_batch.req_ids[:rows]):
+            state = requests[req_id]
+            entry = live.get(req_id)
+            if entry is None:
                 history = self._history(state.prompt_token_ids)
-                live[req_id] = (history, history.new_doc(history.tail), state)
-        if len(live) > rows:
-            present = set(req_ids)
-            for req_id in [r for r in live if r not in present]:
-                # finished, aborted or preempted: its answer so far becomes a draft source (a
-                # preempted request that comes back starts a new document)
-                history, doc, state = live.pop(req_id)
-                self._sync(history, doc, state)
-                history.finish(doc, self.answers)
-        k = self.k_max if self.k_by_batch is None else self.k_by_batch[min(rows, len(self.k_by_batch) - 1)]
-        if k <= 0:
-            return [[] for _ in range(rows)]
-        drafts = []
-        for i, req_id in enumerate(req_ids):
-            history, doc, state = live[req_id]
-            self._sync(history, doc, state)
+                entry = live[req_id] = (history, history.new_doc(history.tail))
+            history, doc = entry
+            self._sync(history, doc, state.output_token_ids)
             drafts.append(history.draft(doc, k) if len(sampled_token_ids[i]) > 0 else [])
         return drafts
 
+    def request_done(self, req_id: str, state) -> None:
+        """A request finished or was aborted: its answer becomes a draft source. (A preempted
+        request keeps its state in vLLM, so it stays here too.)"""
+        entry = self.live.pop(req_id, None)
+        if state is None or self.runner is None:
+            return
+        if entry is None:  # never drafted for: its answer is one new document, made in one go
+            out = state.output_token_ids
+            if not out:
+                return
+            history = self._history(state.prompt_token_ids)
+            history.finish(history.new_doc(history.tail + (out if min(out) >= 0 else [t for t in out if t >= 0])),
+                           self.answers)
+            return
+        history, doc = entry
+        self._sync(history, doc, state.output_token_ids)
+        history.finish(doc, self.answers)
+
     @staticmethod
-    def _sync(history: PromptHistory, doc: int, state) -> None:
+    def _sync(history: PromptHistory, doc: int, out: list[int]) -> None:
         """Bring a document up to the request's tokens (-1: a placeholder vLLM fills later)."""
-        seq, out = history.docs[doc], state.output_token_ids
-        have = len(seq) - len(history.tail)
+        have = len(history.docs[doc]) - len(history.tail)
         if len(out) > have:
             history.extend(doc, [t for t in out[have:] if t >= 0])
+        elif len(out) < have:
+            history.truncate(doc, len(history.tail) + len(out))

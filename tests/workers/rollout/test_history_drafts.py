@@ -37,23 +37,58 @@ def test_answers_beyond_the_kept_count_stop_drafting():
     assert h.draft(now, 1) == [4]
 
 
+def _runner(requests: dict, running: list[str]):
+    """vLLM's model runner as the drafter sees it: each request's state (the prompt and the tokens
+    generated so far), the rows of the step, and the hook vLLM calls as it drops a request."""
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=running), requests=requests, removed=[])
+    runner._on_request_state_removed = lambda req_id, state: runner.removed.append(req_id)
+    return runner
+
+
+def _finish(runner, req_id):
+    """What vLLM's runner does for a finished or aborted request."""
+    runner._on_request_state_removed(req_id, runner.requests.pop(req_id))
+    runner.input_batch.req_ids.remove(req_id)
+
+
 def test_the_drafter_keys_history_by_prompt_and_keeps_finished_answers():
     drafter = HistoryDrafter(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3)))
-    # vLLM's per-request state: the prompt, and the tokens generated so far
     requests = {"a": SimpleNamespace(prompt_token_ids=[1, 2], output_token_ids=[5, 6, 7, 8]),
                 "b": SimpleNamespace(prompt_token_ids=[3, 4], output_token_ids=[9])}
-    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b"]), requests=requests)
+    runner = _runner(requests, ["a", "b"])
     drafter.bind(runner, 1, 3, answers=4, prompts=8, k_by_batch=[0, 3, 3])
     unused = np.zeros((2, 6), dtype=np.int64)  # the drafter reads vLLM's request state instead
     assert drafter.propose([[8], [9]], [6, 3], unused) == [[], []]  # nothing earlier to draft from
-    runner.input_batch.req_ids = []
-    drafter.propose([], [], unused[:0])  # both finished: their answers are history now
+    _finish(runner, "a")
+    _finish(runner, "b")
+    assert runner.removed == ["a", "b"]  # vLLM's own hook still runs
     requests["c"] = SimpleNamespace(prompt_token_ids=[1, 2], output_token_ids=[5])  # prompt a's again
     runner.input_batch.req_ids = ["c"]
     assert drafter.propose([[5]], [3], unused[:1]) == [[6, 7, 8]]
     drafter.k_by_batch = [0, 0]  # the table says no drafts at one running request
     requests["c"].output_token_ids.append(6)
     assert drafter.propose([[6]], [4], unused[:1]) == [[]]
+
+
+def test_answers_finished_in_steps_without_drafts_are_history_too():
+    drafter = HistoryDrafter(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=2)))
+    requests = {f"r{i}": SimpleNamespace(prompt_token_ids=[1, 2], output_token_ids=[]) for i in range(3)}
+    runner = _runner(requests, ["r0", "r1", "r2"])
+    table = [0, 2, 0, 0]  # drafts only once one request runs alone
+    drafter.bind(runner, 1, 2, answers=4, prompts=8, k_by_batch=table)
+    unused = np.zeros((3, 4), dtype=np.int64)
+    for token in (4, 5):
+        for state in requests.values():
+            state.output_token_ids.append(token)
+        assert drafter.propose([[token]] * 3, [0] * 3, unused) == [[], [], []]
+    assert drafter.live == {}  # a full batch: nothing tracked
+    requests["r0"].output_token_ids += [6, 7]  # r0 ran ahead of its siblings
+    _finish(runner, "r0")
+    requests["r1"].output_token_ids.append(-1)  # a placeholder vLLM had not filled yet
+    _finish(runner, "r1")
+    assert drafter.propose([[5]], [0], unused[:1]) == [[6, 7]]  # r2 alone: r0's answer continues it
+    requests["r2"].output_token_ids[:] = [4]  # vLLM took a token back: the draft follows
+    assert drafter.propose([[4]], [0], unused[:1]) == [[5, 6]]
 
 
 def _sums(points):
@@ -91,25 +126,6 @@ def test_drafting_pays_in_the_tail_not_in_a_full_batch():
     tuner.accepted = [0, 0, 0, 0, 0]  # drafts never accepted: never worth a step
     tuner.retune()
     assert tuner.table[1:] == [0] * 64
-
-
-def test_exploring_ends_where_look_ups_find_no_draft_and_resumes_later():
-    tuner = _tuner()
-    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])
-    tuner.retune()
-    assert tuner.table[1] == 4  # exploring
-    tuner.requests = 70.0  # asked for drafts at 70 decode requests, none found (the demo's answers)
-    tuner.retune()
-    assert tuner.table[1:] == [0] * 64  # no drafts checked, yet enough asked: E(k) = 1 everywhere
-    for _ in range(100):  # a hundred steps without drafting: still decided
-        tuner._decay()
-    tuner.retune()
-    assert tuner.table[1:] == [0] * 64
-    for _ in range(300):  # later (the policy moved on): explore again
-        tuner._decay()
-    tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])  # the steps meanwhile
-    tuner.retune()
-    assert tuner.table[1] == 4
 
 
 def test_what_a_verifying_step_costs_beyond_its_tokens_counts():
@@ -194,3 +210,51 @@ def test_exploring_ends_at_the_step_enough_requests_found_no_draft():
         # prefill shares each step (a batch that refills as it drains)
         step(4, [0] * 16, prefill=12)
     assert tuner.table[1:] == [0] * 32  # decided after 64 requests, long before retune_steps
+
+
+def _table_from(tuner, line):
+    """The tuner's table from a known cost line (the stand-in steps take microseconds)."""
+    tuner.fit = line.copy()
+    tuner.retune()
+    return tuner.table
+
+
+def test_exploring_ends_where_look_ups_find_no_draft_and_resumes_later_and_less_often():
+    tuner, step = _stepping_tuner(32, retune_steps=16)
+    line = _sums([(x, 0.01 + 1e-4 * x) for x in (8, 16, 24, 32) * 2])
+    assert _table_from(tuner, line)[16] == 4  # exploring
+    for _ in range(5):
+        step(4, [0] * 16)  # 64 requests asked (from the 2nd step), no look-up found a draft
+    assert _table_from(tuner, line)[1:] == [0] * 32
+    for _ in range(250):
+        step(0, [0] * 32)
+    assert _table_from(tuner, line)[1:] == [0] * 32  # still decided
+    for _ in range(150):
+        step(0, [0] * 32)
+    assert _table_from(tuner, line)[16] == 4  # 400 steps on (the policy moved on): explore again
+    for _ in range(5):
+        step(4, [0] * 16)
+    assert _table_from(tuner, line)[1:] == [0] * 32  # fruitless twice: the next wait is twice as long
+    for _ in range(400):
+        step(0, [0] * 32)
+    assert _table_from(tuner, line)[1:] == [0] * 32
+    for _ in range(200):
+        step(0, [0] * 32)
+    assert _table_from(tuner, line)[16] == 4
+
+
+def test_exploring_ends_where_only_the_last_steps_of_each_call_ask():
+    """Short answers (the demo): a call is a few full-batch steps, and only its last two run few
+    enough sequences to draft; the few requests asked there decay away between calls, so counts
+    with forgetting alone would never reach the marks and the tuner would explore for good."""
+    tuner, step = _stepping_tuner(64, retune_steps=16)
+    line = _sums([(x, 0.01 + 1e-4 * x) for x in (8, 16, 32, 64) * 2])
+    _table_from(tuner, line)
+    for _ in range(40):
+        step(0, [], prefill=12 * 64)  # the call's prompts
+        for _ in range(8):
+            step(0, [0] * 64)
+        step(4, [0] * 4)
+        step(4, [0] * 2)  # asked in the step before: 2 requests, no draft found
+    assert tuner.requests < 64  # forgetting holds the count below the mark
+    assert _table_from(tuner, line)[1:] == [0] * 64
