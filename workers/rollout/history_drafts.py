@@ -23,7 +23,7 @@ scheduler and the adaptive tuner share (workers/rollout/adaptive_drafting.py).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 # occurrences kept per n-gram and prompt: enough to find a sibling that ran ahead, few enough
 # that a look-up stays a handful of list reads
@@ -39,13 +39,16 @@ class PromptHistory:
 
     def __init__(self, prompt: list[int], min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self.docs: list[list[int] | None] = []
+        # document id -> tokens; ids are never reused (live requests hold theirs), dropped
+        # answers leave the dict
+        self.docs: dict[int, list[int]] = {}
+        self.next_doc = 0
         self.index: dict[tuple, list[tuple[int, int]]] = {}
         # (position, n-gram) -> answer documents with that n-gram just before that position: the
         # same prompt's answers agree position by position, and a repeated n-gram (digits,
         # boilerplate) has too many places elsewhere for the few kept in ``index``
         self.aligned: dict[tuple, list[int]] = {}
-        self.finished: list[int] = []  # answer documents done, oldest first
+        self.finished: deque[int] = deque()  # answer documents done, oldest first
         self.pending: set[int] = set()  # documents with tokens not indexed yet
         self.indexed: dict[int, int] = {}  # document -> tokens indexed
         self.dropped = 0
@@ -53,8 +56,9 @@ class PromptHistory:
         self.tail = list(prompt[-max_n:])
 
     def new_doc(self, tokens: list[int]) -> int:
-        self.docs.append(list(tokens))
-        doc = len(self.docs) - 1
+        doc = self.next_doc
+        self.next_doc += 1
+        self.docs[doc] = list(tokens)
         self.pending.add(doc)
         return doc
 
@@ -67,7 +71,7 @@ class PromptHistory:
     def _index_pending(self) -> None:
         """Index the n-grams each token appended since the last draft continues."""
         for doc in self.pending:
-            seq = self.docs[doc]
+            seq = self.docs.get(doc)
             if seq is None:
                 continue
             for pos in range(self.indexed.get(doc, 0), len(seq)):  # pos: the continuation's position
@@ -91,11 +95,21 @@ class PromptHistory:
         del self.docs[doc][length:]
         self.indexed[doc] = min(self.indexed.get(doc, 0), length)
 
+    def add_answer(self, tokens: list[int], keep: int) -> None:
+        """A finished answer no draft was asked for (``tokens``: the tail and the answer, a list
+        this history now owns): :meth:`new_doc` and :meth:`finish` in one, as this runs for every
+        request."""
+        doc = self.next_doc
+        self.next_doc += 1
+        self.docs[doc] = tokens
+        self.pending.add(doc)
+        self.finish(doc, keep)
+
     def finish(self, doc: int, keep: int) -> None:
         """An answer is done: keep it as a draft source, dropping the oldest beyond ``keep``."""
         self.finished.append(doc)
         while len(self.finished) > keep:
-            self.docs[self.finished.pop(0)] = None
+            del self.docs[self.finished.popleft()]
             self.dropped += 1
         if self.dropped > keep:  # the index still points into dropped documents: rebuild it
             self._reindex()
@@ -103,7 +117,7 @@ class PromptHistory:
     def _reindex(self) -> None:
         """Rebuild the index over the documents kept (ids stay: live requests hold them)."""
         self.index, self.aligned, self.indexed = {}, {}, {}
-        self.pending = {doc for doc, seq in enumerate(self.docs) if seq is not None}
+        self.pending = set(self.docs)
         self.dropped = 0
 
     def draft(self, doc: int, k: int) -> list[int]:
@@ -117,14 +131,14 @@ class PromptHistory:
         for n in range(longest, self.min_n - 1, -1):
             key = tuple(seq[-n:])
             runs = [self.docs[other][here:here + k] for other in self.aligned.get((here, key), ())
-                    if other != doc and self.docs[other] is not None]
+                    if other != doc and other in self.docs]
             best = max(runs, key=len, default=[])
             if best:
                 return best
         for n in range(longest, self.min_n - 1, -1):
             best = []
             for other, pos in reversed(self.index.get(tuple(seq[-n:]), ())):
-                source = self.docs[other]
+                source = self.docs.get(other)
                 if source is not None and len(source[pos:pos + k]) > len(best):
                     best = source[pos:pos + k]
             if best:
@@ -202,11 +216,9 @@ class HistoryDrafter:
             return
         if entry is None:  # never drafted for: its answer is one new document, made in one go
             out = state.output_token_ids
-            if not out:
-                return
-            history = self._history(state.prompt_token_ids)
-            history.finish(history.new_doc(history.tail + (out if min(out) >= 0 else [t for t in out if t >= 0])),
-                           self.answers)
+            if out:
+                history = self._history(state.prompt_token_ids)
+                history.add_answer(history.tail + (out if min(out) >= 0 else [t for t in out if t >= 0]), self.answers)
             return
         history, doc = entry
         self._sync(history, doc, state.output_token_ids)
