@@ -1,8 +1,8 @@
 """Speculative rollout (issue 35): rollout tokens/s with and without speculation, and sample
 reallocation, in one invocation; prints one JSON.
 
-    .venv/bin/python scripts/bench/speculative.py                 # all parts, about 11 min
-    .venv/bin/python scripts/bench/speculative.py --parts longtail,demo
+    .venv/bin/python scripts/bench/speculative.py                         # all parts
+    .venv/bin/python scripts/bench/speculative.py --parts longtail,demo   # 10.5 min on the AVX2 CPU
 
 Parts:
 - ``longtail``: the long-tail counting workload (docs/benchmarks.md) on its warm-started model
