@@ -170,7 +170,11 @@ class HistoryDrafter:
         scheduler's dynamic table, rewritten in place by the adaptive tuner); None: ``k_max``."""
         self.runner, self.min_n, self.max_n = runner, min_n, max_n
         self.answers, self.max_prompts, self.k_by_batch = answers, prompts, k_by_batch
-        removed = runner._on_request_state_removed
+        removed = getattr(runner, "_on_request_state_removed", None)
+        if removed is None:
+            raise RuntimeError("rollout.speculative.method=history needs vLLM's model-runner hook "
+                               "_on_request_state_removed (vLLM 0.32), which this vLLM lacks: use method=ngram or "
+                               "draft_model")
 
         def on_removed(req_id, state):
             self.request_done(req_id, state)

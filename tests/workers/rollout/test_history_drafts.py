@@ -4,6 +4,7 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from workers.rollout.adaptive_drafting import DraftTuner
 from workers.rollout.history_drafts import HistoryDrafter, PromptHistory
@@ -68,6 +69,13 @@ def test_the_drafter_keys_history_by_prompt_and_keeps_finished_answers():
     drafter.k_by_batch = [0, 0]  # the table says no drafts at one running request
     requests["c"].output_token_ids.append(6)
     assert drafter.propose([[6]], [4], unused[:1]) == [[]]
+
+
+def test_a_vllm_without_the_removal_hook_is_named_at_bind():
+    drafter = HistoryDrafter(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=2)))
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]), requests={})
+    with pytest.raises(RuntimeError, match="_on_request_state_removed.*method=ngram"):
+        drafter.bind(runner, 1, 2, answers=4, prompts=8, k_by_batch=None)
 
 
 def test_answers_finished_in_steps_without_drafts_are_history_too():
