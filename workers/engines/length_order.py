@@ -82,9 +82,10 @@ def padded_positions(data, order: Tensor | None, rows: int, max_tokens: int | No
         start = min(int(first[part].min()), prompt_len - 1)
         end = max(int(last[part].max()), prompt_len + 1)
         fed = size * (end - 1 - start)
-        prompts = torch.unique(group[part])
-        if share and saves_enough(prompts, size, prompt_len - start, end - 1 - start):
-            fed -= (size - len(prompts)) * (prompt_len - start)
+        if share:
+            prompts = torch.unique(group[part])
+            if saves_enough(prompts, size, prompt_len - start, end - 1 - start):
+                fed -= (size - len(prompts)) * (prompt_len - start)
         total += fed
     return total
 
