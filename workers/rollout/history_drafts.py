@@ -95,16 +95,6 @@ class PromptHistory:
         del self.docs[doc][length:]
         self.indexed[doc] = min(self.indexed.get(doc, 0), length)
 
-    def add_answer(self, tokens: list[int], keep: int) -> None:
-        """A finished answer no draft was asked for (``tokens``: the tail and the answer, a list
-        this history now owns): :meth:`new_doc` and :meth:`finish` in one, as this runs for every
-        request."""
-        doc = self.next_doc
-        self.next_doc += 1
-        self.docs[doc] = tokens
-        self.pending.add(doc)
-        self.finish(doc, keep)
-
     def finish(self, doc: int, keep: int) -> None:
         """An answer is done: keep it as a draft source, dropping the oldest beyond ``keep``."""
         self.finished.append(doc)
@@ -218,12 +208,11 @@ class HistoryDrafter:
         entry = self.live.pop(req_id, None)
         if state is None or self.runner is None:
             return
-        if entry is None:  # never drafted for: its answer is one new document, made in one go
-            out = state.output_token_ids
-            if out:
-                history = self._history(state.prompt_token_ids)
-                history.add_answer(history.tail + (out if min(out) >= 0 else [t for t in out if t >= 0]), self.answers)
-            return
+        if entry is None:  # never drafted for: its answer becomes a document now
+            if not state.output_token_ids:
+                return
+            history = self._history(state.prompt_token_ids)
+            entry = (history, history.new_doc(history.tail))
         history, doc = entry
         self._sync(history, doc, state.output_token_ids)
         history.finish(doc, self.answers)
