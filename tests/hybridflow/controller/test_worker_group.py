@@ -191,6 +191,18 @@ def test_gloo_allreduce_across_actors(ray_cluster):
     g.shutdown()
 
 
+def test_rendezvous_by_the_driver_on_one_node_and_by_a_task_on_rank_0s_node_elsewhere(ray_cluster, monkeypatch):
+    from hybridflow.controller import worker_group
+
+    # the test cluster is local: the driver picks rank 0's address itself (the test above forms
+    # its world that way); on a cluster of several nodes a Ray task on rank 0's node picks it
+    assert worker_group.driver_on_only_node()
+    monkeypatch.setattr(worker_group, "driver_on_only_node", lambda: False)
+    g = make_group(EchoWorker, name="rdv")
+    assert g.allreduce() == [("gloo", 3.0), ("gloo", 3.0)]
+    g.shutdown()
+
+
 def test_colocated_roles_share_one_process(ray_cluster):
     cls = create_colocated_worker_cls({"actor": RayClassWithInitArgs(EchoWorker, 1.0),
                                        "critic": RayClassWithInitArgs(EchoWorker, 10.0)})
