@@ -1,5 +1,6 @@
-"""Rendezvous ports for torch.distributed worlds. Imports nothing heavy: worker groups run
-:func:`node_ip_and_free_port` as a Ray task, whose worker process imports this module."""
+"""Rendezvous ports for torch.distributed worlds. Imports nothing heavy: on a cluster of several
+nodes a worker group runs :func:`node_ip_and_free_port` as a Ray task on rank 0's node, whose
+worker process imports this module (on one node the driver calls it itself)."""
 from __future__ import annotations
 
 import random
