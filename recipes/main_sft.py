@@ -126,4 +126,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recipes.process_exit import exit_process
+
+    exit_process(main())
