@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench/workloads/count_draft.py [--rebuild]
 
 ``build_draft_model()`` (import with scripts/bench on sys.path) returns ``DRAFT_MODEL``, built when
-missing:
+missing or distilled from another build of the policy (``POLICY_BUILD``):
 
 1. the policy (``qwen2-medium-count-sft``, 25M parameters) samples ``SAMPLES`` answers to each
    training prompt from ``FIRST_ROW`` on, at temperature 1 and up to 256 tokens, as the rollout
@@ -38,6 +38,8 @@ from workloads.count_model import (DATA, build_inputs, build_longtail_assets, ro
 DRAFT_DATA = "data/count-distill"
 DRAFT_INIT = "data/models/qwen2-demo-count-init"
 DRAFT_MODEL = "data/models/qwen2-demo-count-draft"
+# the policy's build.json, copied into the draft's folder: a draft of another policy build is rebuilt
+POLICY_BUILD = "policy_build.json"
 DRAFT_RUN = "runs/count-draft"
 FIRST_ROW = 256  # the speculative bench reads the first (batches + 1) x 16 rows
 SAMPLES = 2
@@ -58,6 +60,15 @@ def _distill_pairs(root: str, policy: str) -> None:
         raise RuntimeError(f"count_draft: sampling the policy failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
+def _distilled_from(model: str) -> str | None:
+    """The build record of the policy the cached draft was distilled from (None: not recorded)."""
+    try:
+        with open(os.path.join(model, POLICY_BUILD)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
 def build_draft_model(root: str = REPO, rebuild: bool = False) -> str:
     """The draft's folder, built when missing (module docstring); concurrent callers wait on a lock."""
     root = os.path.abspath(root)
@@ -66,9 +77,11 @@ def build_draft_model(root: str = REPO, rebuild: bool = False) -> str:
     os.makedirs(os.path.dirname(model), exist_ok=True)
     with open(model + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(os.path.join(model, "config.json")) and not rebuild:
+        policy = build_longtail_assets(root)["model"]  # cached, or rebuilt under a newer stop rule
+        with open(os.path.join(policy, "build.json")) as f:
+            policy_build = f.read()
+        if os.path.exists(os.path.join(model, "config.json")) and not rebuild and _distilled_from(model) == policy_build:
             return model
-        policy = build_longtail_assets(root)["model"]
         build_inputs(root)
         if not os.path.exists(os.path.join(init, "config.json")):
             from hybridflow.tiny import make_tiny_checkpoint
@@ -82,6 +95,8 @@ def build_draft_model(root: str = REPO, rebuild: bool = False) -> str:
         overrides = [o for o in sft_overrides(root, DRAFT_INIT, partial, DRAFT_RUN, DRAFT_DATA)
                      if not o.startswith(("trainer.n_gpus_per_node", "model.param_dtype", "optim.lr"))]
         run_sft(root, DRAFT_SFT_STEPS, overrides + ["trainer.n_gpus_per_node=1", "optim.lr=3e-3"])
+        with open(os.path.join(root, partial, POLICY_BUILD), "w") as f:
+            f.write(policy_build)
         shutil.rmtree(model, ignore_errors=True)
         os.rename(os.path.join(root, partial), model)
     return model
