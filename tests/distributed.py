@@ -5,7 +5,7 @@ Ray-free on purpose: these tests check SPMD numerics; the controller tests cover
 The ranks are forked from multiprocessing's fork server, which imports torch, transformers,
 megatron-core and vLLM once per test session (``PRELOAD``): spawned ranks imported them afresh in
 every rank of every test, 8-12 s of CPU each, and that was most of these tests' time (the files
-that use this took 680 s of the suite; 320 s forked). Each rank gets the caller's environment as
+that use this took 681 s of the suite; 316 s forked). Each rank gets the caller's environment as
 it is at the call; a variable that only takes effect at one of those imports (HYBRIDFLOW_CPU_ISA,
 ATEN_CPU_CAPABILITY) keeps the value it had when the server started, the session's.
 """
