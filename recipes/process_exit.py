@@ -28,7 +28,7 @@ def exit_process(code: int) -> NoReturn:
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join()
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # CPython's own call at shutdown; each handler runs once, in LIFO order
         _flush_open_files()
     finally:
         os._exit(code)
