@@ -27,7 +27,6 @@ def test_profile_match_needs_every_percentile_within_tolerance():
     assert not profile_matches({"p50": 20.0, "p80": 60.0, "p95": 160.0}, data, tolerance=0.25)
 
 
-
 def test_a_greedy_median_at_the_limit_has_no_body():
     # measured on an AVX2-only CPU: 80 SFT steps matched the sampled profile, and greedy answers
     # ran to the 256-token limit for most prompts; 160 steps gave a body and a tail at the limit

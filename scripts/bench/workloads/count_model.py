@@ -68,7 +68,7 @@ SAMPLES_PER_PROMPT = 4
 # The stop rule's version, kept in build.json: a model cached under another rule is rebuilt. 2: the
 # sampled profile and greedy_has_body (1, unrecorded: the sampled profile alone).
 RULE = 2
-MAX_NEW_TOKENS = 256  # the workload's max_response_length, count_sample.py's --max-tokens default
+MAX_NEW_TOKENS = 256  # the workload's max_response_length: what sample_profile samples up to
 
 
 def sft_overrides(root: str, init: str = INIT_MODEL, out: str = SFT_MODEL + ".partial",
@@ -145,7 +145,8 @@ def sample_profile(model: str, parquet: str, n: int = SAMPLES_PER_PROMPT) -> dic
     sampled and greedy length profiles and mean scores, and the answers' length profile."""
     import statistics
 
-    cmd = [sys.executable, os.path.join(BENCH, "workloads", "count_sample.py"), model, parquet, "--n", str(n)]
+    cmd = [sys.executable, os.path.join(BENCH, "workloads", "count_sample.py"), model, parquet, "--n", str(n),
+           "--max-tokens", str(MAX_NEW_TOKENS)]  # the limit greedy_has_body judges against
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
