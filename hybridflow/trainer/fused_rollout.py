@@ -15,7 +15,7 @@ every rank decodes a handful of sequences while the finished ones wait. Here:
    and the ranks they leave switch to their training engines: each takes finished rows and runs
    every stage its process hosts on them (``*_local`` worker methods: no collective, so a rank
    computes alone while others still generate), as do ranks whose own samples are done;
-4. when generation ends, the rows left are shared among all ranks.
+4. when generation ends, the rows left are shared among all ranks, in equal parts of their tokens.
 
 A stage that needs every rank of its group for one forward (sharded FSDP, Megatron TP/PP) is not
 fused: the step runs it over the whole batch afterwards, as unfused. The numbers are those of the
@@ -24,7 +24,6 @@ through the columns a micro-batch is cut to): tests/hybridflow/trainer/test_fuse
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -132,7 +131,8 @@ class FusedRollout:
                 migrated = True  # once: a replica that closed never reopens, so nothing more could move
                 arrived(stream.migrate(keep=self.sf.migrate_to))
                 migrated_at = time.perf_counter() - start if stream.moved else None
-            work.feed(stream.free_ranks(), generating=True)
+            if not stream.done:  # the last rows go to finish(), shared among every rank, not to the first one free
+                work.feed(stream.free_ranks())
         gen_done = time.perf_counter() - start
         work.finish(self.actor.world_size)
         out = stream.batch()
@@ -173,6 +173,10 @@ class _LocalWork:
     def _ready_rows(self) -> int:
         return sum(len(r) for r in self.waiting)
 
+    def _waiting_tokens(self) -> torch.Tensor:
+        """Each waiting row's real tokens (prompt + response), in queue order: what its forwards cost."""
+        return torch.cat([r.batch["attention_mask"].sum(dim=1) for r in self.waiting])
+
     def _give(self, rank: int, count: int) -> None:
         rows = DataProto.concat(self.waiting)
         given, rest = rows[:count], rows[count:]
@@ -184,17 +188,23 @@ class _LocalWork:
         self.busy[rank] = refs
         self.done.append((given.batch[ROW_INDEX], refs))
 
-    def feed(self, free_ranks: list[int], generating: bool) -> None:
-        """Give each idle free rank rows: while generating, at least ``min_chunk`` of them."""
+    def feed(self, free_ranks: list[int]) -> None:
+        """While samples still generate: give each idle free rank at least ``min_chunk`` rows, at
+        most ``min_chunk * MAX_CHUNKS_PER_CALL``, and beyond ``min_chunk`` at most a ``1 / ranks``
+        part of the waiting tokens. The answers that run to the length limit finish together, just
+        before generation ends; a free rank that took them all would compute them alone while the
+        ranks that generated them wait."""
+        ranks = self.actor.world_size
         for rank in free_ranks:
             if rank in self.busy or not self.waiting:
                 continue
             ready = self._ready_rows()
-            if generating and ready < self.min_chunk:
+            if ready < self.min_chunk:
                 return
-            count = min(ready, self.min_chunk * MAX_CHUNKS_PER_CALL) if generating else ready
-            if generating:
-                self.rows_during_gen += count
+            tokens = self._waiting_tokens()
+            share = rows_for_tokens(tokens, float(tokens.sum()) / ranks)
+            count = min(ready, self.min_chunk * MAX_CHUNKS_PER_CALL, max(self.min_chunk, share))
+            self.rows_during_gen += count
             self._give(rank, count)
 
     def take(self, ready: list) -> None:
@@ -205,14 +215,18 @@ class _LocalWork:
                 del self.busy[rank]
 
     def finish(self, ranks: int) -> None:
-        """Generation is over: share the rows left among every rank, then wait for all calls."""
+        """Generation is over: share the rows left among every rank, then wait for all calls.
+
+        A share is a ``1 / ranks`` part of the tokens left, not of the rows: the rows that finish
+        last are the long ones (on a long tail, often most of the inference work), so equal row
+        counts would leave the rank that took the late rows computing alone."""
         while self.waiting or self.busy:
             idle = [r for r in range(ranks) if r not in self.busy]
-            left = self._ready_rows()
+            share = float(self._waiting_tokens().sum()) / ranks if self.waiting else 0.0
             for rank in idle:
                 if not self.waiting:
                     break
-                self._give(rank, max(1, math.ceil(left / ranks)))
+                self._give(rank, rows_for_tokens(self._waiting_tokens(), share))
             if self.busy:
                 ready, _ = ray.wait(self.in_flight, num_returns=1, timeout=self.actor.timeout_s)
                 if not ready:
@@ -230,6 +244,14 @@ class _LocalWork:
                 merged.union(other)
             parts.append((index, merged))
         return in_row_order(parts, total, "fused rollout (local inference)")
+
+
+def rows_for_tokens(tokens: torch.Tensor, share: float) -> int:
+    """How many leading rows (``tokens``: each row's token count, in queue order) come closest to
+    ``share`` tokens; at least one."""
+    total = torch.cumsum(tokens.double(), 0)
+    count = int(torch.argmin((total - share).abs())) + 1
+    return max(1, count)
 
 
 def merge_scorings(scored: list[tuple[torch.Tensor, tuple]], total: int, reward_manager, sources=None) -> tuple:
