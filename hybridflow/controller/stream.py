@@ -121,6 +121,7 @@ class GenerationStream:
         self.rebalance = rebalance
         self.reallocated = self.reallocations = 0  # samples moved by reallocation, and the moves
         self._moving = False  # a reallocation's export or adopt is queued and not handled yet
+        self._answered: set = set()  # refs of queued calls seen answered (in_flight leaves them out)
         prompts = prompts[0:len(prompts)]  # a view: the caller's batch gets no new column
         prompts.meta_info["n"] = n
         prompts.batch[ROW_INDEX] = torch.arange(len(prompts), dtype=torch.long) * n
@@ -157,8 +158,12 @@ class GenerationStream:
     # ------------------------------------------------------------------ driving
     @property
     def in_flight(self) -> list:
-        """The Ray refs of every call queued now (wait on them with your own)."""
-        return [ref for replica in self.replicas for _, refs in replica.calls for ref in refs]
+        """The Ray refs of the calls queued now that have not answered (wait on them with your
+        own). An answered ref stays queued until its whole call (every rank of a TP group) and the
+        calls before it have answered; ``ray.wait`` would return it at once every time, and the
+        controller's loop would spin on a core the workers need."""
+        return [ref for replica in self.replicas for _, refs in replica.calls for ref in refs
+                if ref not in self._answered]
 
     @property
     def done(self) -> bool:
@@ -176,10 +181,13 @@ class GenerationStream:
         """Handle every queued call whose ranks all answered, oldest first per replica: keep the
         finished rows, queue the next slices; returns the new chunks."""
         ready = set(ready)
+        self._answered |= ready.intersection(ref for replica in self.replicas for _, refs in replica.calls
+                                             for ref in refs)
         new = []
         for replica in self.replicas:
             while replica.calls and all(ref in ready or _is_ready(ref) for ref in replica.calls[0][1]):
                 method, refs = replica.calls.popleft()
+                self._answered.difference_update(refs)
                 result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
                 new += self._handle(replica, method, result)
             self._top_up(replica)

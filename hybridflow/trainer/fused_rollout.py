@@ -159,12 +159,14 @@ class _LocalWork:
     def __init__(self, actor, stages: list[Stage], min_chunk: int):
         self.actor, self.stages, self.min_chunk = actor, stages, min_chunk
         self.waiting: list[DataProto] = []
-        self.busy: dict[int, list] = {}  # rank -> refs of its calls in flight
+        self.busy: dict[int, list] = {}  # rank -> refs of its calls not answered yet
         self.done: list[tuple[torch.Tensor, list]] = []  # (row indices, refs) of every call made
         self.rows_during_gen = 0
 
     @property
     def in_flight(self) -> list:
+        """Refs not answered yet: ``ray.wait`` returns an answered ref at once, so one left in
+        (a rank's first stage done, its next ones running) would make the controller spin."""
         return [ref for refs in self.busy.values() for ref in refs]
 
     def queue(self, rows: DataProto) -> None:
@@ -208,10 +210,17 @@ class _LocalWork:
             self._give(rank, count)
 
     def take(self, ready: list) -> None:
+        """Drop the answered refs from ``busy`` (a worker's error raises here); a rank is idle once
+        all its calls answered."""
         ready = set(ready)
         for rank, refs in list(self.busy.items()):
-            if all(ref in ready or ray.wait([ref], timeout=0)[0] for ref in refs):
-                self.actor._wait(refs, "local inference")  # raises a worker's error with its rank
+            answered = [ref for ref in refs if ref in ready or ray.wait([ref], timeout=0)[0]]
+            if answered:
+                self.actor._wait(answered, "local inference")
+            pending = [ref for ref in refs if ref not in answered]
+            if pending:
+                self.busy[rank] = pending
+            else:
                 del self.busy[rank]
 
     def finish(self, ranks: int) -> None:

@@ -13,7 +13,7 @@ from hybridflow.trainer.fused_rollout import Stage, _LocalWork, rows_for_tokens
 
 class _Ref:
     def __init__(self, value):
-        self.value = value
+        self.value, self.done = value, True  # answered at once unless a test says otherwise
 
 
 class _Method:
@@ -28,6 +28,7 @@ class _Method:
 class _Actor:
     def __init__(self, log, rank):
         self.compute_log_prob_local = _Method(log, rank)
+        self.compute_values_local = _Method(log, rank)
 
 
 class _Group:
@@ -52,11 +53,12 @@ def _rows(lengths, first_index=0, width=300):
 
 def _work(monkeypatch, ranks):
     monkeypatch.setattr(fused_rollout.ray, "wait",
-                        lambda refs, num_returns=1, timeout=None: (list(refs)[:num_returns], list(refs)[num_returns:]))
+                        lambda refs, num_returns=1, timeout=None: ([r for r in refs if r.done][:num_returns],
+                                                                   [r for r in refs if not r.done]))
     monkeypatch.setattr(fused_rollout.ray, "get", lambda ref: ref.value)
     group = _Group(ranks)
-    return group, _LocalWork(group, [Stage("old_log_prob", group, "compute_log_prob", "compute_log_prob_local", "local")],
-                             min_chunk=4)
+    stage = Stage("old_log_prob", group, "compute_log_prob", "compute_log_prob_local", "local")
+    return group, _LocalWork(group, [stage], min_chunk=4)
 
 
 def _tokens(rows):
@@ -124,3 +126,20 @@ def test_few_rows_wait_for_min_chunk_while_generating(monkeypatch):
     work.queue(_rows([30] * 9, first_index=3))
     work.feed([1])
     assert [(rank, len(rows)) for rank, rows in group.log] == [(1, 6)]  # half of 12 rows' tokens
+
+
+def test_a_rank_s_answered_stage_leaves_in_flight(monkeypatch):
+    """A rank runs each stage as its own call; once the first answered, ``in_flight`` must not
+    hold it (``ray.wait`` would return it at once and the controller would spin) while the rank
+    stays busy with the next."""
+    group, work = _work(monkeypatch, ranks=2)
+    work.stages.append(Stage("values", group, "compute_values", "compute_values_local", "local"))
+    work.queue(_rows([30] * 4))
+    work.feed([0])
+    log_prob, values = work.in_flight
+    values.done = False
+    work.take([log_prob])
+    assert work.in_flight == [values] and 0 in work.busy
+    values.done = True
+    work.take([values])
+    assert work.in_flight == [] and not work.busy
