@@ -125,7 +125,7 @@ class FusedRollout:
                 raise TimeoutError(f"{self.actor.name}: neither a rollout slice nor an inference call answered "
                                    f"within {self.actor.timeout_s:g}s")
             arrived(stream.take(ready))
-            work.take(ready)
+            work.take()
             if (not migrated and self.sf.migrate_below > 0 and stream.unfinished
                     and stream.unfinished <= self.sf.migrate_below * stream.total):
                 migrated = True  # once: a replica that closed never reopens, so nothing more could move
@@ -172,9 +172,6 @@ class _LocalWork:
     def queue(self, rows: DataProto) -> None:
         self.waiting.append(rows)
 
-    def _ready_rows(self) -> int:
-        return sum(len(r) for r in self.waiting)
-
     def _waiting_tokens(self) -> torch.Tensor:
         """Each waiting row's real tokens (prompt + response), in queue order: what its forwards cost."""
         return torch.cat([r.batch["attention_mask"].sum(dim=1) for r in self.waiting])
@@ -200,24 +197,21 @@ class _LocalWork:
         for rank in free_ranks:
             if rank in self.busy or not self.waiting:
                 continue
-            ready = self._ready_rows()
-            if ready < self.min_chunk:
-                return
             tokens = self._waiting_tokens()
+            if len(tokens) < self.min_chunk:
+                return
             share = rows_for_tokens(tokens, float(tokens.sum()) / ranks)
-            count = min(ready, self.min_chunk * MAX_CHUNKS_PER_CALL, max(self.min_chunk, share))
+            count = min(len(tokens), self.min_chunk * MAX_CHUNKS_PER_CALL, max(self.min_chunk, share))
             self.rows_during_gen += count
             self._give(rank, count)
 
-    def take(self, ready: list) -> None:
+    def take(self) -> None:
         """Drop the answered refs from ``busy`` (a worker's error raises here); a rank is idle once
         all its calls answered."""
-        ready = set(ready)
         for rank, refs in list(self.busy.items()):
-            answered = [ref for ref in refs if ref in ready or ray.wait([ref], timeout=0)[0]]
+            answered, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
             if answered:
                 self.actor._wait(answered, "local inference")
-            pending = [ref for ref in refs if ref not in answered]
             if pending:
                 self.busy[rank] = pending
             else:
@@ -241,7 +235,7 @@ class _LocalWork:
                 if not ready:
                     raise TimeoutError(f"{self.actor.name}: a local inference call did not answer within "
                                        f"{self.actor.timeout_s:g}s")
-                self.take(ready)
+                self.take()
 
     def result(self, total: int) -> DataProto:
         """Every stage's columns for all ``total`` rows, in row order."""
@@ -259,8 +253,7 @@ def rows_for_tokens(tokens: torch.Tensor, share: float) -> int:
     """How many leading rows (``tokens``: each row's token count, in queue order) come closest to
     ``share`` tokens; at least one."""
     total = torch.cumsum(tokens.double(), 0)
-    count = int(torch.argmin((total - share).abs())) + 1
-    return max(1, count)
+    return int(torch.argmin((total - share).abs())) + 1
 
 
 def merge_scorings(scored: list[tuple[torch.Tensor, tuple]], total: int, reward_manager, sources=None) -> tuple:

@@ -19,8 +19,8 @@ sampled on the validation prompts (``count_sample.py``: vLLM at temperature 1, 2
 a subprocess) and stops as soon as the sampled response lengths' p50, p80 and p95 are each within
 ``TOLERANCE`` of the answers' (EOS counted, as the rollout's ``response_length``) and greedy
 decoding has a body (:func:`greedy_has_body`: its median answer ends before half the 256-token
-limit), or at ``MAX_STEPS``. It stops on the length profile, not on the score, on purpose: GRPO must still have
-room to raise the score in the time-to-accuracy benchmark.
+limit), or at ``MAX_STEPS``. It stops on the length profile, not on the score, on purpose: GRPO
+must still have room to raise the score in the time-to-accuracy benchmark.
 
 Measured on the 2-core AVX512 VM (26 Nov 2026): the profile matched at 120 steps (checks at 80 and
 100 failed), build 314 s; sampled p50/p80/p95 20/32/104 tokens against the val answers' 20/32/110.6;

@@ -138,8 +138,8 @@ def test_a_rank_s_answered_stage_leaves_in_flight(monkeypatch):
     work.feed([0])
     log_prob, values = work.in_flight
     values.done = False
-    work.take([log_prob])
+    work.take()
     assert work.in_flight == [values] and 0 in work.busy
     values.done = True
-    work.take([values])
+    work.take()
     assert work.in_flight == [] and not work.busy
