@@ -125,7 +125,7 @@ class GenerationStream:
         prompts = prompts[0:len(prompts)]  # a view: the caller's batch gets no new column
         prompts.meta_info["n"] = n
         prompts.batch[ROW_INDEX] = torch.arange(len(prompts), dtype=torch.long) * n
-        starts = []
+        starts, start_ranks = [], []
         # contiguous shares, sizes differing by at most one: the split the mesh dispatch would make
         bounds = np.linspace(0, len(prompts), len(self.replicas) + 1).round().astype(int)
         for replica, lo, hi in zip(self.replicas, bounds[:-1], bounds[1:]):
@@ -135,7 +135,8 @@ class GenerationStream:
                 continue
             share = prompts[int(lo):int(hi)]
             starts += [self._remote(r, "stream_start", share) for r in replica.ranks]
-        group._wait(starts, "stream_start")
+            start_ranks += replica.ranks
+        group._wait(starts, "stream_start", ranks=start_ranks)
         for replica in self.replicas:
             self._top_up(replica)
 
@@ -188,7 +189,7 @@ class GenerationStream:
             while replica.calls and all(ref in ready or _is_ready(ref) for ref in replica.calls[0][1]):
                 method, refs = replica.calls.popleft()
                 self._answered.difference_update(refs)
-                result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
+                result = self.group._wait(refs, method, ranks=replica.ranks)[replica.ranks.index(replica.collect)]
                 new += self._handle(replica, method, result)
             self._top_up(replica)
         if self.rebalance is not None:
@@ -255,7 +256,7 @@ class GenerationStream:
             self._queue(replica, "stream_metrics")  # its session's, which no slice returns now
             while replica.calls:
                 method, refs = replica.calls.popleft()
-                result = self.group._wait(refs, method)[replica.ranks.index(replica.collect)]
+                result = self.group._wait(refs, method, ranks=replica.ranks)[replica.ranks.index(replica.collect)]
                 if method == "stream_export":  # its own, or a reallocation's: the keepers take both
                     partials += result or []
                     if replica.export_to:  # a reallocation's (queued before migrate's own), superseded

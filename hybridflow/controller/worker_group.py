@@ -243,9 +243,16 @@ class RayWorkerGroup:
         belong to processes: take them through one role's view of a colocated group, not each."""
         return self._wait([a._hf_take_spans.remote() for a in self._actors], "_hf_take_spans", timeout_s)
 
-    def _wait(self, refs: list, method: str, timeout_s: float | None = None) -> list:
-        """Results in rank order; fail fast on the first rank that raises or dies."""
+    def _wait(self, refs: list, method: str, timeout_s: float | None = None, ranks: list[int] | None = None) -> list:
+        """Results in the order of ``refs``; fail fast on the first rank that raises or dies.
+
+        ``refs`` are one per rank of the group unless ``ranks`` names the worker rank behind each
+        ref (a call on a subset of the ranks): the errors name that rank, and the stop report
+        prints that rank's log."""
         timeout_s = timeout_s or self.timeout_s
+        labels = list(range(len(refs))) if ranks is None else list(ranks)
+        if len(labels) != len(refs):
+            raise ValueError(f"{len(refs)} refs but {len(labels)} ranks")
         index = {ref: i for i, ref in enumerate(refs)}
         results = [None] * len(refs)
         pending = list(refs)
@@ -253,17 +260,17 @@ class RayWorkerGroup:
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                ranks = sorted(index[r] for r in pending)
+                late = sorted(labels[index[r]] for r in pending)
                 knob = ("trainer.init_timeout_s" if method in STARTUP_METHODS
                         else "HYBRIDFLOW_CALL_TIMEOUT_S / trainer.call_timeout_s")
                 raise WorkerGroupError(
-                    f"{self.name}: {method} did not finish within {timeout_s:g}s on ranks {ranks} "
+                    f"{self.name}: {method} did not finish within {timeout_s:g}s on ranks {late} "
                     f"(raise the timeout with {knob} if the work is legitimately long)")
             ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             for ref in ready:
-                rank = index[ref]
+                rank = labels[index[ref]]
                 try:
-                    results[rank] = ray.get(ref)
+                    results[index[ref]] = ray.get(ref)
                 except ray.exceptions.OutOfMemoryError as e:  # Ray's memory monitor killed the worker
                     raise WorkerMemoryError(f"{self.name}: rank {rank} was killed for lack of host memory during "
                                             f"{method} ({_first_line(e)})") from None

@@ -211,7 +211,7 @@ class _LocalWork:
         for rank, refs in list(self.busy.items()):
             answered, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
             if answered:
-                self.actor._wait(answered, "local inference")
+                self.actor._wait(answered, "local inference", ranks=[rank] * len(answered))
             if pending:
                 self.busy[rank] = pending
             else:

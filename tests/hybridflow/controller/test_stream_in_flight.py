@@ -15,19 +15,19 @@ from hybridflow.protocol import DataProto
 
 
 class _Ref:
-    def __init__(self, value):
-        self.value, self.done = value, False
+    def __init__(self, value, rank):
+        self.value, self.rank, self.done = value, rank, False
 
 
 class _Actor:
-    def __init__(self, calls):
-        self.calls = calls
+    def __init__(self, calls, rank):
+        self.calls, self.rank = calls, rank
         self.stream_start = SimpleNamespace(remote=lambda prompts: self._call(len(prompts)))
         self.stream_step = SimpleNamespace(remote=lambda steps: self._call(
             {"rows": None, "unfinished": 1, "steps": steps, "seconds": 0.01 * steps, "done": False}))
 
     def _call(self, value):
-        ref = _Ref(value)
+        ref = _Ref(value, self.rank)
         self.calls.append(ref)
         return ref
 
@@ -38,13 +38,14 @@ class _TPGroup:
 
     def __init__(self):
         self.calls: list[_Ref] = []
-        self.actors = [_Actor(self.calls), _Actor(self.calls)]
+        self.actors = [_Actor(self.calls, 0), _Actor(self.calls, 1)]
 
     def mesh_info(self, name):
         return SimpleNamespace(dp_ranks=[0, 0], collect=[True, False], dp_size=1)
 
     @staticmethod
-    def _wait(refs, method):
+    def _wait(refs, method, ranks):
+        assert ranks == [r.rank for r in refs]  # an error would name the rank that made the call
         return [r.value for r in refs]
 
 

@@ -264,6 +264,17 @@ def test_worker_raise_names_group_rank_method_and_traceback(echo):
     assert echo.only_zero() == 0  # a method that raised leaves the group usable
 
 
+def test_waiting_on_some_ranks_names_the_rank_that_raised(echo):
+    """A call on a subset of the ranks (a stream replica, the fused rollout's local inference)
+    names the worker's rank, not its place in the list: the stop report prints that rank's log."""
+    refs = echo.execute_all_async("boom")
+    assert echo._wait(refs[:1], "boom", ranks=[0]) == ["ok"]
+    with pytest.raises(WorkerGroupError, match=r"echo: rank 1 raised in boom"):
+        echo._wait(refs[1:], "boom", ranks=[1])
+    with pytest.raises(ValueError, match="1 refs but 2 ranks"):
+        echo._wait(refs[1:], "boom", ranks=[0, 1])
+
+
 def test_killed_worker_fails_fast_within_timeout(ray_cluster):
     g = make_group(EchoWorker, name="victim", timeout_s=30)
     fut = g.execute_all_async("sleep", 20)

@@ -12,8 +12,8 @@ from hybridflow.trainer.fused_rollout import Stage, _LocalWork, rows_for_tokens
 
 
 class _Ref:
-    def __init__(self, value):
-        self.value, self.done = value, True  # answered at once unless a test says otherwise
+    def __init__(self, value, rank):
+        self.value, self.rank, self.done = value, rank, True  # answered at once unless a test says otherwise
 
 
 class _Method:
@@ -22,7 +22,7 @@ class _Method:
 
     def remote(self, rows):
         self.log.append((self.rank, rows))
-        return _Ref(DataProto.from_dict({"old_log_probs": torch.zeros(len(rows), 1)}))
+        return _Ref(DataProto.from_dict({"old_log_probs": torch.zeros(len(rows), 1)}), self.rank)
 
 
 class _Actor:
@@ -41,7 +41,8 @@ class _Group:
         self.actors = [_Actor(self.log, r) for r in range(ranks)]
 
     @staticmethod
-    def _wait(refs, what):
+    def _wait(refs, what, ranks):
+        assert ranks == [r.rank for r in refs]  # an error would name the rank that made the call
         return [r.value for r in refs]
 
 
