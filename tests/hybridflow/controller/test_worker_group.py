@@ -241,9 +241,9 @@ def test_submit_runs_a_group_while_the_controller_drives_another(ray_cluster):
     assert side.submit("double", rows(5)).get().batch["y"].squeeze(1).tolist() == side.double(rows(5)).batch[
         "y"].squeeze(1).tolist() == [0, 20, 40, 60, 80]
     t0 = time.monotonic()
-    pending = side.submit("sleep", 2.0)
-    assert main.sleep(2.0) == [0] and pending.get() == [0, 1]
-    assert time.monotonic() - t0 < 3.5  # one after the other: 4 s
+    pending = side.submit("sleep", 3.0)
+    assert main.sleep(3.0) == [0] and pending.get() == [0, 1]
+    assert time.monotonic() - t0 < 5.0  # one after the other: 6 s; 2 s for Ray's calls on a busy machine
     with pytest.raises(AttributeError, match=r"side: no group method 'nap'"):
         side.submit("nap", 1)
     for g in (main, side):
