@@ -29,11 +29,13 @@ run: install
 # Two test files at a time: a recipe test leaves a core idle for much of its run (imports, Ray's
 # start and stop), so two workers finish the suite in about 0.7 of one's time on 2 cores. Each
 # worker may hold a recipe run and its Ray workers; raise it on a larger machine with
-# `make test TEST_WORKERS=4`, or run one at a time with TEST_WORKERS=0.
+# `make test TEST_WORKERS=4`, or run one at a time with TEST_WORKERS=0. --no-loadscope-reorder
+# keeps tests/conftest.py's order (slow files first): xdist's own puts the files with the most
+# tests first, which left the one-test recipe runs (2 minutes each) for the end.
 TEST_WORKERS ?= 2
 
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 bench: install
 # trl_*.py are the TRL sides that e2e.py, longtail.py and time_to_accuracy.py run themselves
