@@ -34,9 +34,9 @@ def ray_cluster():
 
 def pytest_collection_modifyitems(config, items):
     """The files with the most slow tests (recipe runs, Ray groups) run first, the quick unit
-    files last. `make test` runs two files at a time (pytest-xdist, ``--dist loadfile --no-loadscope-reorder``,
-    which hands out whole files in this order): a recipe file started late would leave one worker
-    running it alone at the end. The order within a file is kept."""
+    files last. `make test` runs two files at a time (pytest-xdist, ``--dist loadfile
+    --no-loadscope-reorder``, which hands out whole files in this order): a recipe file started
+    late would leave one worker running it alone at the end. The order within a file is kept."""
     slow, first_seen = {}, {}
     for i, item in enumerate(items):
         path = item.nodeid.split("::")[0]
