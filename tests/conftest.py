@@ -37,9 +37,10 @@ def pytest_collection_modifyitems(config, items):
     files last. `make test` runs two files at a time (pytest-xdist, ``--dist loadfile
     --no-loadscope-reorder``, which hands out whole files in this order): a recipe file started
     late would leave one worker running it alone at the end. The order within a file is kept."""
+    paths = {id(item): item.nodeid.split("::")[0] for item in items}
     slow, first_seen = {}, {}
     for i, item in enumerate(items):
-        path = item.nodeid.split("::")[0]
+        path = paths[id(item)]
         first_seen.setdefault(path, i)
         slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], first_seen[item.nodeid.split("::")[0]]))
+    items.sort(key=lambda item: (-slow[paths[id(item)]], first_seen[paths[id(item)]]))

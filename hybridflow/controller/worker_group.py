@@ -268,9 +268,10 @@ class RayWorkerGroup:
                     f"(raise the timeout with {knob} if the work is legitimately long)")
             ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             for ref in ready:
-                rank = labels[index[ref]]
+                i = index[ref]
+                rank = labels[i]
                 try:
-                    results[index[ref]] = ray.get(ref)
+                    results[i] = ray.get(ref)
                 except ray.exceptions.OutOfMemoryError as e:  # Ray's memory monitor killed the worker
                     raise WorkerMemoryError(f"{self.name}: rank {rank} was killed for lack of host memory during "
                                             f"{method} ({_first_line(e)})") from None
