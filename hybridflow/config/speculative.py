@@ -8,7 +8,10 @@ policy's (greedy: the same tokens as without drafts). Draft sources (``method``)
   same prompt's other ``n``) and the answers the same prompt got in earlier steps (RL datasets are
   read epoch after epoch; HistoSpec's observation), workers/rollout/history_drafts.py;
 - ``ngram``: vLLM's prompt look-up (the request's own tokens only);
-- ``draft_model``: a small model of the same tokenizer at ``draft_model_path``.
+- ``draft_model``: a small model of the same tokenizer at ``draft_model_path``; with
+  ``parallel_drafting`` (PARD) the draft proposes all its tokens in one forward from mask tokens
+  (its config names the mask: ``pard_token``, ``mask_token_id`` or ``ptd_token_id``), where a plain
+  draft runs one forward per draft token.
 
 ``adaptive`` (workload-aware drafting, workers/rollout/adaptive_drafting.py) picks the number of
 draft tokens per engine step, 0 (off) to ``num_speculative_tokens``, from the measured acceptance
@@ -17,6 +20,7 @@ in the long tail, when few sequences share a step, and costs throughput while ma
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -36,6 +40,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = key(4, "vLLM's name: the longest n-gram a draft is looked up by (tried first)",
                                  POSITIVE)
     draft_model_path: str | None = key(None, "method=draft_model: the draft's HF checkpoint folder", path=True)
+    parallel_drafting: bool = key(False, "vLLM's name; method=draft_model: the draft proposes every draft token in "
+                                         "one forward (a PARD draft, trained with mask tokens; its config names "
+                                         "the mask token)")
     adaptive: bool = key(True, "choose the draft tokens per step (0 = none) from measured acceptance and "
                                "verification cost; false: always num_speculative_tokens")
     retune_steps: int = key(16, "adaptive: engine steps between two choices of the drafts per batch size",
@@ -61,7 +68,29 @@ def speculative_errors(cfg) -> list[str]:
     elif spec.method == "draft_model" and not os.path.isdir(spec.draft_model_path):
         errors.append(f"{key}.draft_model_path={spec.draft_model_path} is not a folder: give the draft's HF "
                       "checkpoint folder")
+    if spec.parallel_drafting:
+        errors.extend(_parallel_drafting_errors(spec, key))
     if spec.prompt_lookup_min > spec.prompt_lookup_max:
         errors.append(f"{key}.prompt_lookup_min={spec.prompt_lookup_min} must be <= prompt_lookup_max="
                       f"{spec.prompt_lookup_max}: lower the first or raise the second")
     return errors
+
+
+# where vLLM 0.32 reads a parallel draft's mask token from (its first match wins)
+MASK_TOKEN_KEYS = ("pard_token", "mask_token_id", "ptd_token_id")
+
+
+def _parallel_drafting_errors(spec, key: str) -> list[str]:
+    if spec.method != "draft_model":
+        return [f"{key}.parallel_drafting=true needs a trained parallel draft: set {key}.method=draft_model, or "
+                f"{key}.parallel_drafting=false"]
+    config = os.path.join(spec.draft_model_path or "", "config.json")
+    if not os.path.isfile(config):
+        return []  # the missing draft is reported above
+    with open(config) as f:
+        draft = json.load(f)
+    if not any(isinstance(draft.get(name), int) for name in MASK_TOKEN_KEYS):
+        return [f"{key}.parallel_drafting=true: the draft at {spec.draft_model_path} names no mask token "
+                f"({' / '.join(MASK_TOKEN_KEYS)} in its config.json), so it was not trained for parallel "
+                f"drafting: use a PARD draft, or {key}.parallel_drafting=false"]
+    return []

@@ -28,7 +28,8 @@ on this machine), ``adaptive`` (history drafts, adaptive count: our default when
 on), ``history_k4`` (history drafts, always 4), ``ngram`` (vLLM's prompt look-up, adaptive) and,
 on the long tail only, ``draft`` (``method=draft_model``, adaptive: a 0.3M-parameter draft
 distilled from the policy, scripts/bench/workloads/count_draft.py, built and cached on first use in
-about 2 minutes). Sampled lengths differ between modes, so the figure is tokens per second of
+about 2 minutes) and ``pard`` (the same draft fine-tuned for parallel drafting: all drafts in one
+forward, scripts/bench/workloads/count_pard.py). Sampled lengths differ between modes, so the figure is tokens per second of
 generation over all timed calls, and per epoch.
 """
 from __future__ import annotations
@@ -50,21 +51,25 @@ MODES = {
     "history_k4": dict(method="history", adaptive=False),
     "ngram": dict(method="ngram", adaptive=True),
     "draft": dict(method="draft_model", adaptive=True),
+    "pard": dict(method="draft_model", adaptive=True, parallel_drafting=True),
 }
 SPEC_DEFAULTS = dict(enable=True, num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4,
-                     retune_steps=16, history_answers=16, history_prompts=8192, draft_model_path=None)
+                     retune_steps=16, history_answers=16, history_prompts=8192, draft_model_path=None,
+                     parallel_drafting=False)
 
 
-def workload(name: str, args) -> dict:
-    """Model, prompts file and rollout shape of a part."""
+def workload(name: str, modes: list[str]) -> dict:
+    """Model, prompts file and rollout shape of a part (the drafts its ``modes`` need)."""
     if name == "longtail":
         from workloads.count_draft import build_draft_model
         from workloads.count_model import build_longtail_assets, rollout_dtype
+        from workloads.count_pard import build_pard_model
 
         paths = build_longtail_assets(REPO)
         return dict(model=paths["model"], data=os.path.join(paths["data"], "train.parquet"), prompts=16, n=8,
                     prompt_length=24, response_length=256, temperature=1.0, dtype=rollout_dtype(),
-                    draft_model=build_draft_model(REPO))
+                    draft_model=build_draft_model(REPO),
+                    pard_model=build_pard_model(REPO) if "pard" in modes else None)
     model = os.path.join(REPO, "data/models/tiny-qwen2-sft")
     if not os.path.exists(os.path.join(model, "config.json")):
         raise SystemExit(f"speculative bench: the demo's model is not at {model}: run `make run` (the demo) first")
@@ -102,7 +107,7 @@ def _engine(w: dict, mode: str):
     if spec.get("method") == "draft_model":
         if not w.get("draft_model"):
             raise SystemExit(f"speculative bench: mode {mode} needs a draft model; this part has none")
-        spec["draft_model_path"] = w["draft_model"]
+        spec["draft_model_path"] = w["pard_model" if spec.get("parallel_drafting") else "draft_model"]
     return VLLMRollout(RolloutConfig(prompt_length=w["prompt_length"], response_length=w["response_length"],
                                      n=w["n"], temperature=w["temperature"], dtype=w["dtype"], seed=0,
                                      kv_cache_gib=1.0, speculative=spec), w["model"])
@@ -219,7 +224,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.worker:
         part, modes = args.worker
-        print(json.dumps(run_modes(workload(part, args), modes.split(","), args.batches, args.epochs)))
+        print(json.dumps(run_modes(workload(part, modes.split(",")), modes.split(","), args.batches, args.epochs)))
         return {}
     report = dict(machine=_machine(), date=time.strftime("%Y-%m-%d"))
     for part in args.parts.split(","):

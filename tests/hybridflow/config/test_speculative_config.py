@@ -30,6 +30,24 @@ def test_draft_model_needs_a_checkpoint_folder(tmp_path):
     assert "is not a folder" in msg, msg
 
 
+def test_parallel_drafting_needs_a_draft_trained_for_it(tmp_path):
+    """A parallel (PARD) draft reads mask tokens: a draft whose config names none was not trained
+    for it, and would only propose noise after its first token."""
+    plain, pard = tmp_path / "plain", tmp_path / "pard"
+    for folder, extra in ((plain, ""), (pard, ', "pard_token": 99')):
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "qwen2"' + extra + "}")
+    on = {SPEC + "enable": True, SPEC + "method": "draft_model", SPEC + "parallel_drafting": True}
+    msg = error_of(grpo(**on, **{SPEC + "draft_model_path": str(plain)}), check_paths=False)
+    assert "parallel_drafting=true" in msg and "names no mask token" in msg and "pard_token" in msg, msg
+    msg = error_of(grpo(**{**on, SPEC + "method": "ngram"}), check_paths=False)
+    assert "set actor_rollout_ref.rollout.speculative.method=draft_model" in msg, msg
+    cfg = grpo(**on, **{SPEC + "draft_model_path": str(pard)})
+    validate(cfg, check_paths=False)
+    vllm = speculative_kwargs(rollout_engine_kwargs(cfg)["speculative"], 64)
+    assert (vllm["method"], vllm["model"], vllm["parallel_drafting"]) == ("draft_model", str(pard), True)
+
+
 @pytest.mark.parametrize("overrides, words", [
     ({SPEC + "method": "medusa"}, "speculative.method"),
     ({SPEC + "num_speculative_tokens": 0}, "[1, 16]"),
