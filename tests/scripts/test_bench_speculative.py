@@ -43,3 +43,16 @@ def test_summary_keeps_the_last_runs_table_and_step_costs():
     assert out["draft"]["step_cost_ms"] == cost
     assert out["draft"]["ratio_tokens_per_s_vs_off"] == 2.0
     assert "step_cost_ms" not in out["off"]
+
+
+def test_one_draft_model_a_process():
+    from types import SimpleNamespace
+
+    import pytest
+
+    args = SimpleNamespace(modes="off,draft,pard", epochs=2, repeats=1, demo_epochs=30, demo_repeats=1)
+    with pytest.raises(SystemExit, match="separate invocations"):
+        speculative._plan("longtail", args)
+    assert speculative._plan("longtail", SimpleNamespace(**{**vars(args), "modes": "off,pard"}))[0] == ["off", "pard"]
+    # the demo has no draft model: both modes drop out there
+    assert speculative._plan("demo", args)[0] == ["off"]
