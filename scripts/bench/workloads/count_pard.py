@@ -161,8 +161,8 @@ def train_pard(root: str, draft: str, out: str) -> dict:
         if not batches:
             batches = _batches(train, rng)
         ids, pos, mask, labels = make_batch(batches.pop(), mask_id, tokenizer.pad_token_id)
-        loss = model(input_ids=ids, position_ids=pos, attention_mask=mask, labels=None).logits
-        loss = torch.nn.functional.cross_entropy(loss.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        logits = model(input_ids=ids, position_ids=pos, attention_mask=mask).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
