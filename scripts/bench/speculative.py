@@ -29,8 +29,8 @@ on), ``history_k4`` (history drafts, always 4), ``ngram`` (vLLM's prompt look-up
 on the long tail only, ``draft`` (``method=draft_model``, adaptive: a 0.3M-parameter draft
 distilled from the policy, scripts/bench/workloads/count_draft.py, built and cached on first use in
 about 2 minutes) and ``pard`` (the same draft fine-tuned for parallel drafting: all drafts in one
-forward, scripts/bench/workloads/count_pard.py). Sampled lengths differ between modes, so the figure is tokens per second of
-generation over all timed calls, and per epoch.
+forward, scripts/bench/workloads/count_pard.py). Sampled lengths differ between modes, so the
+figure is tokens per second of generation over all timed calls, and per epoch.
 """
 from __future__ import annotations
 

