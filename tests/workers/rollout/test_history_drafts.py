@@ -171,6 +171,20 @@ def test_a_draft_model_forward_per_proposed_token_is_priced_once_counts_vary():
     assert look_up.table[1] == 4 > tuner.table[1] and look_up.table[20] > tuner.table[20]
 
 
+def test_a_parallel_draft_has_no_cost_per_proposed_position():
+    """PARD proposes every position in one forward: a per-position term would only take up the
+    curvature of the policy's own cost (here: steps of many tokens dearer than the line)."""
+    parallel = DraftTuner(SimpleNamespace(dynamic_sd_lookup=[4] * 65, schedule=None, update_from_output=None), 4,
+                          adaptive=True, retune_steps=1, per_pass=False)
+    sequential = _tuner()
+    plain = [(x, 0.004 + 1e-4 * x) for x in (10, 50, 100, 130)]
+    drafting = [(x * (1 + k), 0.004 + 1e-4 * x * (1 + k) + 1e-6 * (x * (1 + k)) ** 1.5, 1, k)
+                for x in (4, 30, 60) for k in (1, 2, 4)]
+    parallel.fit = sequential.fit = _sums(plain + drafting)
+    assert parallel.cost_line()[3] == 0
+    assert sequential.cost_line()[3] > 1e-4  # the same steps: a draft forward per position would take it
+
+
 def test_a_fixed_count_when_not_adaptive():
     tuner = _tuner(k_max=3, adaptive=False)
     tuner.fit = _sums([(x, 0.01 + 1e-4 * x) for x in (50, 100, 150, 200)])
