@@ -112,9 +112,9 @@ def _sums(points):
     return fit
 
 
-def _tuner(k_max=4, adaptive=True):
+def _tuner(k_max=4, adaptive=True, per_pass=True):
     scheduler = SimpleNamespace(dynamic_sd_lookup=[k_max] * 65, schedule=None, update_from_output=None)
-    return DraftTuner(scheduler, k_max, adaptive, retune_steps=1)
+    return DraftTuner(scheduler, k_max, adaptive, retune_steps=1, per_pass=per_pass)
 
 
 def test_drafting_pays_in_the_tail_not_in_a_full_batch():
@@ -174,9 +174,7 @@ def test_a_draft_model_forward_per_proposed_token_is_priced_once_counts_vary():
 def test_a_parallel_draft_has_no_cost_per_proposed_position():
     """PARD proposes every position in one forward: a per-position term would only take up the
     curvature of the policy's own cost (here: steps of many tokens dearer than the line)."""
-    parallel = DraftTuner(SimpleNamespace(dynamic_sd_lookup=[4] * 65, schedule=None, update_from_output=None), 4,
-                          adaptive=True, retune_steps=1, per_pass=False)
-    sequential = _tuner()
+    parallel, sequential = _tuner(per_pass=False), _tuner()
     plain = [(x, 0.004 + 1e-4 * x) for x in (10, 50, 100, 130)]
     drafting = [(x * (1 + k), 0.004 + 1e-4 * x * (1 + k) + 1e-6 * (x * (1 + k)) ** 1.5, 1, k)
                 for x in (4, 30, 60) for k in (1, 2, 4)]

