@@ -4,8 +4,10 @@ Generation is streamed (hybridflow/controller/stream.py, ``GenerationStream``): 
 when the busiest rank's exceed the idlest's by more than ``threshold`` of the busiest's, about half
 the difference moves from the busiest to the idlest (prompt + tokens so far; the receiver
 recomputes their KV cache), so the ranks finish together rather than waiting for the one that was
-dealt the long samples. Greedy tokens are those of plain generation; sampled ones draw other noise
-(one vLLM request per sample: workers/rollout/vllm_stream.py).
+dealt the long samples. With ``deal_by_length`` the prompts are dealt by their answers' length at
+their last generation, so a rank is seldom dealt the long ones in the first place. Greedy tokens
+are those of plain generation; sampled ones draw other noise (one vLLM request per sample:
+workers/rollout/vllm_stream.py).
 """
 from __future__ import annotations
 
@@ -29,3 +31,7 @@ class ReallocationConfig:
                                  "this fraction of the busiest's; about half the difference moves", FRACTION)
     slice_s: float = key(0.1, "seconds of engine steps a rank runs between reports (and reallocation checks)",
                          GREATER_THAN_0)
+    deal_by_length: bool = key(True, "deal each step's prompts to the ranks by the length of their answers when they "
+                                     "were last generated (an earlier epoch): sorted, alternately, longest first "
+                                     "(hybridflow/controller/stream.py deal_by_length); prompts not seen yet count as "
+                                     "the median. false: contiguous shares, as a plain generation call deals them")

@@ -97,13 +97,18 @@ class GenerationStream:
     """``prompts``' generation on ``group``'s rollout ranks, as chunks of finished samples."""
 
     def __init__(self, group, prompts: DataProto, n: int | None = None, slice_s: float = 0.05,
-                 rebalance: float | None = None):
+                 rebalance: float | None = None, lengths=None):
         """``n`` samples per prompt: the argument, else ``prompts.meta_info["n"]`` (one of them is
         needed: the row indices depend on it, and the workers' default is their config's).
-        ``rebalance``: sample reallocation's threshold in (0, 1) (module docstring), None: off."""
+        ``rebalance``: sample reallocation's threshold in (0, 1) (module docstring), None: off.
+        ``lengths``: each prompt's expected answer length (NaN: not known), e.g. its answers' at an
+        earlier epoch; the prompts are then dealt by it (``deal_by_length``) instead of in the
+        contiguous shares a group call makes."""
         if n is None and "n" not in prompts.meta_info:
             raise ValueError("GenerationStream: say how many samples per prompt, as n=... or meta_info['n']")
         n = int(prompts.meta_info["n"] if n is None else n)
+        if lengths is not None and len(lengths) != len(prompts):
+            raise ValueError(f"GenerationStream: {len(lengths)} lengths for {len(prompts)} prompts (one per prompt)")
         self.group, self.n, self.slice_s = group, n, slice_s
         self.total = len(prompts) * n
         info = group.mesh_info("rollout")
@@ -126,14 +131,17 @@ class GenerationStream:
         prompts.meta_info["n"] = n
         prompts.batch[ROW_INDEX] = torch.arange(len(prompts), dtype=torch.long) * n
         starts, start_ranks = [], []
-        # contiguous shares, sizes differing by at most one: the split the mesh dispatch would make
-        bounds = np.linspace(0, len(prompts), len(self.replicas) + 1).round().astype(int)
-        for replica, lo, hi in zip(self.replicas, bounds[:-1], bounds[1:]):
-            replica.open, replica.unfinished = hi > lo, int(hi - lo) * n
+        shares = None if lengths is None else deal_by_length(lengths, len(self.replicas))
+        if shares is None:  # contiguous, sizes differing by at most one: the split the mesh dispatch makes
+            bounds = np.linspace(0, len(prompts), len(self.replicas) + 1).round().astype(int)
+            shares = [range(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        self.dealt = [list(share) for share in shares]  # prompt indices per replica
+        for replica, share in zip(self.replicas, shares):
+            replica.open, replica.unfinished = len(share) > 0, len(share) * n
             if not replica.open:  # fewer prompts than replicas: it holds no rank
                 replica.closed_at = self.started
                 continue
-            share = prompts[int(lo):int(hi)]
+            share = prompts[share.start:share.stop] if isinstance(share, range) else prompts[list(share)]
             starts += [self._remote(r, "stream_start", share) for r in replica.ranks]
             start_ranks += replica.ranks
         group._wait(starts, "stream_start", ranks=start_ranks)
@@ -341,6 +349,29 @@ class GenerationStream:
         tail = sum(ranks * max(0.0, s - (median - self.started)) for ranks, s in held)
         out["fusion/tail_rank_share"] = tail / total if total > 0 else 0.0
         return out
+
+
+def deal_by_length(lengths, parts: int) -> list[list[int]] | None:
+    """Prompt indices per share when each prompt's answer length is expected: sorted longest
+    first and dealt in a snake (0, 1, ..., parts-1, parts-1, ..., 0, ...), so every share holds as
+    many prompts (to one) and the same mix of long and short ones; within a share the longest
+    come first, so an engine that cannot run all at once starts them first (longest processing
+    time first). Why not balance total tokens, as load balancers do: a decode step's cost is
+    mostly per step, not per sequence (docs/benchmarks.md, sample reallocation), so a rank's time
+    is set by how long its longest answers run and how many run beside them, and three long
+    answers against forty short ones of the same total would leave the first rank last. NaN (not
+    known) counts as the median of the known lengths; none known: None (no basis to deal on)."""
+    values = np.asarray(lengths, dtype=float)
+    known = values[~np.isnan(values)]
+    if not len(known):
+        return None
+    values = np.where(np.isnan(values), float(np.median(known)), values)
+    order = np.argsort(-values, kind="stable")  # ties keep the batch's order
+    shares: list[list[int]] = [[] for _ in range(parts)]
+    for position, index in enumerate(order.tolist()):
+        lap, seat = divmod(position, parts)
+        shares[seat if lap % 2 == 0 else parts - 1 - seat].append(index)
+    return shares
 
 
 def replica_metrics(stream: GenerationStream) -> dict[str, float]:

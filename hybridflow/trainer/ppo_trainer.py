@@ -29,7 +29,7 @@ from hybridflow.trainer.async_rollout import AheadLoader, generation_request, gr
 from hybridflow.trainer.balance import balanced_order
 from hybridflow.trainer.finite import stop_if_non_finite
 from hybridflow.trainer.fused_rollout import fused_rollout_for
-from hybridflow.trainer.reallocated_rollout import generate
+from hybridflow.trainer.reallocated_rollout import AnswerLengths, generate
 from hybridflow.algorithms.dynamic_sampling import DynamicSamplingError, informative_rows, metric_values
 from hybridflow.trainer.metrics import data_metrics, rollout_probs_diff, throughput_metrics
 from hybridflow.trajectory import reward_columns
@@ -62,6 +62,7 @@ class PPOTrainer:
         self.batches = train_loader if self.rollout_pool is None else AheadLoader.from_config(
             cfg, train_loader, self.actor, self.rollout_pool, self.estimator.needs_greedy_baseline)
         self.generator = self.rollout_pool or self.actor
+        self.answer_lengths = AnswerLengths()  # rollout.reallocation.deal_by_length deals each epoch by the last's
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward
         # placement=separate: the roles whose processes are not the actor's are started without
         # waiting and collected when needed, so the two pools work at once (HybridFlow's point of
@@ -235,7 +236,8 @@ class PPOTrainer:
             if self.fused is not None:  # with reward and inference on chunks as they finish
                 gen_out, scoring = self.fused.run(gen_in, batch, n, metrics)
             elif self.rollout_pool is None:  # rollout.reallocation.enable: streamed, samples moved between ranks
-                gen_out = generate(self.actor, gen_in, n, self.cfg.actor_rollout_ref.rollout.reallocation)
+                gen_out = generate(self.actor, gen_in, n, self.cfg.actor_rollout_ref.rollout.reallocation,
+                                   self.answer_lengths)
                 metrics.update(gen_out.meta_info.pop("metrics", {}))
             else:  # generated ahead on the rollout's pool, greedy baseline included
                 gen_out, greedy = self.batches.generations(metrics)

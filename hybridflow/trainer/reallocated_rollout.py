@@ -5,23 +5,57 @@ reallocation: hybridflow/controller/stream.py). Either way the trainer gets the 
 generate_sequences' order with its columns (greedy: the same tokens, log-probs to fp32 rounding),
 and ``meta_info["metrics"]`` with the ranks' own metrics (``perf/gen_tail_share``,
 ``timing_s/gen_worker``, the weight sync's) as their mean, plus, streamed,
-``rollout/reallocated_samples`` and ``rollout/reallocations``.
+``rollout/reallocated_samples`` and ``rollout/reallocations``, and with ``deal_by_length``
+``rollout/dealt_by_length``, the share of the prompts dealt by a known answer length.
 
 ReMax's greedy baseline (one greedy sample per prompt, short and even) stays a plain call; so does
 the fused rollout's stream (trainer/fused_rollout.py), whose tail moves by ``migrate_below``.
 """
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, ROW_INDEX, GenerationStream, replica_metrics
 from hybridflow.protocol import DataProto
 
+KNOWN = "rollout/dealt_by_length"  # the share of the step's prompts whose answer length was known
 
-def generate(actor, gen_in: DataProto, n: int, reallocation) -> DataProto:
+
+class AnswerLengths:
+    """Each prompt's mean answer length when it was last generated, keyed by a digest of its
+    token ids: what the next epoch deals its prompts by. Lost on resume (the first epoch after it
+    deals as the first did); it only decides which rank generates what, so greedy tokens are the
+    same either way."""
+
+    def __init__(self):
+        self._by_prompt: dict[bytes, float] = {}
+
+    @staticmethod
+    def _keys(gen_in: DataProto) -> list[bytes]:
+        ids, mask = gen_in.batch["input_ids"], gen_in.batch["attention_mask"].bool()
+        return [hashlib.blake2b(row[keep].numpy().tobytes(), digest_size=16).digest() for row, keep in zip(ids, mask)]
+
+    def expected(self, gen_in: DataProto) -> list[float]:
+        """Per prompt: its last mean answer length, NaN when not generated before."""
+        return [self._by_prompt.get(k, float("nan")) for k in self._keys(gen_in)]
+
+    def record(self, gen_in: DataProto, out: DataProto, n: int) -> None:
+        """``out``: ``gen_in``'s generation, ``n`` rows per prompt in prompt order."""
+        lengths = out.batch["response_mask"].sum(1).view(len(gen_in), n).float().mean(1).tolist()
+        self._by_prompt.update(zip(self._keys(gen_in), lengths))
+
+
+def generate(actor, gen_in: DataProto, n: int, reallocation, lengths: AnswerLengths | None = None) -> DataProto:
     """``gen_in``'s ``n`` samples per prompt on ``actor``'s rollout ranks (``reallocation``: the
-    config section ``actor_rollout_ref.rollout.reallocation``)."""
+    config section ``actor_rollout_ref.rollout.reallocation``; ``lengths``: what the prompts were
+    answered with before, which ``deal_by_length`` deals them by and this call adds to)."""
     if not reallocation.enable:
         return actor.generate_sequences(gen_in)
-    stream = GenerationStream(actor, gen_in, n=n, slice_s=reallocation.slice_s, rebalance=reallocation.threshold)
+    expected = lengths.expected(gen_in) if lengths is not None and reallocation.deal_by_length else None
+    stream = GenerationStream(actor, gen_in, n=n, slice_s=reallocation.slice_s, rebalance=reallocation.threshold,
+                              lengths=expected)
     for _ in stream:  # the chunks are kept by the stream; batch() puts them in row order
         pass
     out = stream.batch()
@@ -29,4 +63,7 @@ def generate(actor, gen_in: DataProto, n: int, reallocation) -> DataProto:
     moved = stream.metrics()
     out.meta_info["metrics"] = {**replica_metrics(stream), REALLOCATED: moved[REALLOCATED],
                                 REALLOCATIONS: moved[REALLOCATIONS]}
+    if expected is not None:
+        out.meta_info["metrics"][KNOWN] = float(np.mean(~np.isnan(expected))) if expected else 0.0
+        lengths.record(gen_in, out, n)
     return out

@@ -15,10 +15,12 @@ Each repetition times, in turn: ``plain`` (``generate_sequences``: what the trai
 reallocation), ``even`` (``generate_sequences`` of the same prompts dealt evenly, every other long
 and short one to each rank: a deal balanced from the start, the mark reallocation aims at, with no
 move and no stream),
-``stream`` (``GenerationStream`` without rebalancing: the stream's own cost) and ``reallocated``
+``stream`` (``GenerationStream`` without rebalancing: the stream's own cost), ``reallocated``
 (``GenerationStream(rebalance=--threshold)``: what the trainer does with
-``rollout.reallocation.enable``). Prints one JSON: the times and their medians, the ratios
-reallocated / plain (the issue's goal: <= 0.7), reallocated / stream and even / plain, the share of
+``rollout.reallocation.enable`` in its first epoch) and ``dealt`` (the same, the prompts dealt by
+their warm-up answers' lengths: what it does from the second epoch on, ``deal_by_length``). Prints
+one JSON: the times and their medians, the ratios reallocated / plain (the issue's goal: <= 0.7),
+dealt / plain, reallocated / stream and even / plain, the share of
 the even deal's gain reallocation got, each rank's finish time in the streams, the samples moved,
 whether the tokens are generate_sequences' (greedy) and the largest log-prob difference, and the
 engine's seconds per step by the sequences it runs (``step_s_by_running_per_rank``) with the
@@ -118,10 +120,10 @@ def _deal(args, lengths, candidates):
     return rank0 + rank1, even, threshold, k
 
 
-def _stream(actor, batch, args, rebalance):
+def _stream(actor, batch, args, rebalance, lengths=None):
     from hybridflow.controller.stream import ROW_INDEX, GenerationStream
 
-    stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance)
+    stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance, lengths=lengths)
     for _ in stream:
         pass
     out = stream.batch()
@@ -175,8 +177,10 @@ def measure(argv) -> dict:
         batch, even = candidates[torch.tensor(order)], candidates[torch.tensor(even_order)]
         dealt = lengths[torch.tensor(order)]
         half = args.per_rank
-        runs = {"plain": [], "stream": [], "reallocated": [], "even": []}
-        moved, moves, rank_finish, same, lp_diff = [], [], {"stream": [], "reallocated": []}, True, 0.0
+        runs = {"plain": [], "stream": [], "reallocated": [], "dealt": [], "even": []}
+        moved, moves, rank_finish, same, lp_diff = [], [], {"stream": [], "reallocated": [], "dealt": []}, True, 0.0
+        # what the trainer deals by from the second epoch on: these prompts' answers at the warm-up
+        known = [float(x) for x in dealt]
         for _ in range(args.reps):
             t0 = time.perf_counter()
             want = actor.generate_sequences(batch)
@@ -184,14 +188,15 @@ def measure(argv) -> dict:
             t0 = time.perf_counter()
             actor.generate_sequences(even)
             runs["even"].append(time.perf_counter() - t0)
-            for name, rebalance in (("stream", None), ("reallocated", args.threshold)):
+            for name, rebalance, lengths in (("stream", None, None), ("reallocated", args.threshold, None),
+                                             ("dealt", args.threshold, known)):
                 t0 = time.perf_counter()
-                got, stream, finished = _stream(actor, batch, args, rebalance)
+                got, stream, finished = _stream(actor, batch, args, rebalance, lengths)
                 runs[name].append(time.perf_counter() - t0)
                 rank_finish[name].append([round(f, 3) for f in finished])
                 same &= all(torch.equal(got.batch[key], want.batch[key]) for key in ("responses", "response_mask"))
                 lp_diff = max(lp_diff, float((got.batch["rollout_log_probs"] - want.batch["rollout_log_probs"]).abs().max()))
-                if rebalance is not None:
+                if name == "reallocated":
                     moved.append(stream.reallocated)
                     moves.append(stream.reallocations)
         sizes = [int(s) for s in args.step_cost.split(",") if s]
@@ -217,6 +222,8 @@ def measure(argv) -> dict:
         "median_s": med,
         "ratio_reallocated_over_plain": round(med["reallocated"] / med["plain"], 3),
         "ratio_reallocated_over_stream": round(med["reallocated"] / med["stream"], 3),
+        # dealt by the answers' earlier lengths, then reallocated (the trainer's default from epoch 2)
+        "ratio_dealt_over_plain": round(med["dealt"] / med["plain"], 3),
         # the best any reallocation could do: the same prompts dealt evenly from the start
         "ratio_even_over_plain": round(med["even"] / med["plain"], 3),
         "share_of_even_gain": (round((med["plain"] - med["reallocated"]) / (med["plain"] - med["even"]), 3)

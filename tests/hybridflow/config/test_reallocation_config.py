@@ -11,7 +11,7 @@ ON = dict(actor_rollout_ref__rollout__reallocation__enable=True)
 
 def test_off_by_default():
     r = load_config({}).actor_rollout_ref.rollout.reallocation
-    assert (r.enable, r.threshold, r.slice_s) == (False, 0.25, 0.1)
+    assert (r.enable, r.threshold, r.slice_s, r.deal_by_length) == (False, 0.25, 0.1, True)
 
 
 def test_runs_on_the_hybrid_engine_with_vllm():

@@ -6,7 +6,9 @@ samples move onto one rank; every row comes back once, and the batch equals the 
 generate_sequences, row for row. Sample reallocation: the prompts are dealt so that one rank gets
 every long answer (ordered by their generate_sequences length); the stream moves samples between
 the ranks once one holds far more unfinished samples than the other, and the batch is still
-generate_sequences' own, as is the trainer's streamed generation's."""
+generate_sequences' own, as is the trainer's streamed generation's. Dealt by the answers' lengths
+(``lengths=``, the trainer's ``deal_by_length``), the same lopsided batch gives each rank half of
+the long answers."""
 from __future__ import annotations
 
 import importlib.util
@@ -76,6 +78,8 @@ def test_a_stream_is_the_generation_chunk_by_chunk_with_a_moved_tail(group):
         GenerationStream(group, prompts.select(meta_info_keys=[]))
     with pytest.raises(ValueError, match="rebalance=1"):
         GenerationStream(group, prompts, rebalance=1)
+    with pytest.raises(ValueError, match="2 lengths for 10 prompts"):
+        GenerationStream(group, prompts, lengths=[1.0, 2.0])
 
 
 def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
@@ -87,7 +91,8 @@ def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
     measured = group.generate_sequences(make_prompts(group.ckpt, texts=texts, meta=dict(meta)))
     lengths = measured.batch["response_mask"].sum(1)
     # the longest half first: rank 0 (the first half of the rows) gets every long answer
-    texts = [texts[i] for i in torch.argsort(-lengths, stable=True).tolist()]
+    order = torch.argsort(-lengths, stable=True)
+    texts, lengths = [texts[i] for i in order.tolist()], lengths[order]
     assert lengths.max() >= 3 * lengths.min()  # the deal is lopsided
     prompts = make_prompts(group.ckpt, texts=texts, meta=dict(meta))
     want = group.generate_sequences(prompts)
@@ -111,9 +116,43 @@ def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
     from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.trainer.reallocated_rollout import generate
 
-    got = generate(group, prompts, 1, ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4))
+    config = ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4)
+    got = generate(group, prompts, 1, config)
     _assert_same_batch(got, want)
     assert sorted(got.batch.keys()) == sorted(want.batch.keys())
     got_metrics, want_metrics = got.meta_info.pop("metrics"), dict(want.meta_info.pop("metrics", {}))
     assert got.meta_info == want.meta_info
     assert set(want_metrics) <= set(got_metrics) and got_metrics[REALLOCATED] > 0, (got_metrics, want_metrics)
+
+
+def test_dealt_by_answer_length_each_rank_gets_half_the_long_answers(group):
+    """The same lopsided batch dealt by its answers' lengths (as the trainer does from an earlier
+    epoch's): both ranks hold as many long answers, and the batch is still generate_sequences'."""
+    from hybridflow.config.reallocation import ReallocationConfig
+    from hybridflow.controller.stream import GenerationStream
+    from hybridflow.trainer.reallocated_rollout import KNOWN, AnswerLengths, generate
+    from tests.workers.rollout.common import make_prompts
+
+    meta = dict(do_sample=False, n=1, stop_token_ids=list(range(3, 40)))
+    measured = group.generate_sequences(make_prompts(group.ckpt, texts=TEXTS * 2, meta=dict(meta)))
+    order = torch.argsort(-measured.batch["response_mask"].sum(1), stable=True)
+    prompts = make_prompts(group.ckpt, texts=[(TEXTS * 2)[i] for i in order.tolist()], meta=dict(meta))
+    want = group.generate_sequences(prompts)
+    lengths = want.batch["response_mask"].sum(1)
+    long_ = set(torch.nonzero(lengths > lengths.median()).flatten().tolist())
+    assert long_ <= set(range(len(lengths) // 2))  # the plain split gives rank 0 every long answer
+
+    stream = GenerationStream(group, prompts, slice_s=1e-4, lengths=lengths.tolist())
+    for _ in stream:
+        pass
+    _assert_same_batch(stream.batch(), want)
+    assert [len(long_ & set(share)) for share in stream.dealt] == [len(long_) // 2, len(long_) - len(long_) // 2]
+    assert sorted(sum(stream.dealt, [])) == list(range(len(prompts)))
+
+    # the trainer's: the first step records what the second deals by
+    history, config = AnswerLengths(), ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4)
+    for known in (0.0, 1.0):
+        got = generate(group, prompts, 1, config, history)
+        _assert_same_batch(got, want)
+        assert got.meta_info["metrics"][KNOWN] == known
+    assert history.expected(prompts) == lengths.float().tolist()

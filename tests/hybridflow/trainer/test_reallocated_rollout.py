@@ -30,3 +30,4 @@ def test_a_step_generates_through_the_rebalancing_stream(tmp_path):
         # per-rank means over the two ranks' sessions: each moved sample left one and reached the other
         assert 2 * step["rollout/stream_exported"] == 2 * step["rollout/stream_adopted"] == moved
         assert math.isfinite(step["actor/pg_loss"]) and "perf/gen_tail_share" in step and "timing_s/gen_worker" in step
+        assert step["rollout/dealt_by_length"] == 0.0  # deal_by_length: no prompt answered before the first step
