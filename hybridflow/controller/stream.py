@@ -134,15 +134,14 @@ class GenerationStream:
         shares = None if lengths is None else deal_by_length(lengths, len(self.replicas))
         if shares is None:  # contiguous, sizes differing by at most one: the split the mesh dispatch makes
             bounds = np.linspace(0, len(prompts), len(self.replicas) + 1).round().astype(int)
-            shares = [range(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
-        self.dealt = [list(share) for share in shares]  # prompt indices per replica
+            shares = [list(range(lo, hi)) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+        self.dealt = shares  # prompt indices per replica
         for replica, share in zip(self.replicas, shares):
             replica.open, replica.unfinished = len(share) > 0, len(share) * n
             if not replica.open:  # fewer prompts than replicas: it holds no rank
                 replica.closed_at = self.started
                 continue
-            share = prompts[share.start:share.stop] if isinstance(share, range) else prompts[list(share)]
-            starts += [self._remote(r, "stream_start", share) for r in replica.ranks]
+            starts += [self._remote(r, "stream_start", prompts[share]) for r in replica.ranks]
             start_ranks += replica.ranks
         group._wait(starts, "stream_start", ranks=start_ranks)
         for replica in self.replicas:

@@ -82,21 +82,25 @@ def test_a_stream_is_the_generation_chunk_by_chunk_with_a_moved_tail(group):
         GenerationStream(group, prompts, lengths=[1.0, 2.0])
 
 
-def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
-    from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, GenerationStream
+def _lopsided(group):
+    """Prompts ordered longest answer first, so rank 0 (the first half of the rows) gets every
+    long answer, and generate_sequences' batch of them."""
     from tests.workers.rollout.common import make_prompts
 
     texts = TEXTS * 2
     meta = dict(do_sample=False, n=1, stop_token_ids=list(range(3, 40)))  # 12 of the 20 answers stop within 2 tokens
     measured = group.generate_sequences(make_prompts(group.ckpt, texts=texts, meta=dict(meta)))
     lengths = measured.batch["response_mask"].sum(1)
-    # the longest half first: rank 0 (the first half of the rows) gets every long answer
-    order = torch.argsort(-lengths, stable=True)
-    texts, lengths = [texts[i] for i in order.tolist()], lengths[order]
     assert lengths.max() >= 3 * lengths.min()  # the deal is lopsided
+    texts = [texts[i] for i in torch.argsort(-lengths, stable=True).tolist()]
     prompts = make_prompts(group.ckpt, texts=texts, meta=dict(meta))
-    want = group.generate_sequences(prompts)
+    return prompts, group.generate_sequences(prompts)
 
+
+def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
+    from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, GenerationStream
+
+    prompts, want = _lopsided(group)
     stream = GenerationStream(group, prompts, slice_s=1e-4, rebalance=0.5)
     for _ in stream:
         pass
@@ -116,8 +120,7 @@ def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
     from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.trainer.reallocated_rollout import generate
 
-    config = ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4)
-    got = generate(group, prompts, 1, config)
+    got = generate(group, prompts, 1, ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4))
     _assert_same_batch(got, want)
     assert sorted(got.batch.keys()) == sorted(want.batch.keys())
     got_metrics, want_metrics = got.meta_info.pop("metrics"), dict(want.meta_info.pop("metrics", {}))
@@ -131,13 +134,8 @@ def test_dealt_by_answer_length_each_rank_gets_half_the_long_answers(group):
     from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.controller.stream import GenerationStream
     from hybridflow.trainer.reallocated_rollout import KNOWN, AnswerLengths, generate
-    from tests.workers.rollout.common import make_prompts
 
-    meta = dict(do_sample=False, n=1, stop_token_ids=list(range(3, 40)))
-    measured = group.generate_sequences(make_prompts(group.ckpt, texts=TEXTS * 2, meta=dict(meta)))
-    order = torch.argsort(-measured.batch["response_mask"].sum(1), stable=True)
-    prompts = make_prompts(group.ckpt, texts=[(TEXTS * 2)[i] for i in order.tolist()], meta=dict(meta))
-    want = group.generate_sequences(prompts)
+    prompts, want = _lopsided(group)
     lengths = want.batch["response_mask"].sum(1)
     long_ = set(torch.nonzero(lengths > lengths.median()).flatten().tolist())
     assert long_ <= set(range(len(lengths) // 2))  # the plain split gives rank 0 every long answer
