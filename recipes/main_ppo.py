@@ -153,14 +153,13 @@ def run(cfg, inputs: RunInputs | None = None) -> dict:
 
 
 def _run(cfg, inputs: RunInputs) -> dict:
-    import ray
-
     from hybridflow import device
     from hybridflow.tracking import Tracker, flatten_config, plot_metrics, with_jsonl
     from hybridflow.tracking.jsonl_logger import METRICS_FILE
     from hybridflow.trainer.placement import build_worker_groups
     from hybridflow.trainer.ppo_trainer import PPOTrainer
     from recipes.build import role_specs
+    from recipes.ray_start import start_ray
     from recipes.worker_env import ray_runtime_env
 
     t = cfg.trainer
@@ -168,14 +167,7 @@ def _run(cfg, inputs: RunInputs) -> dict:
     train_loader, val_loader = inputs.train_loader, inputs.val_loader
 
     use_gpu = device.uses_gpu(cfg.trainer.device)
-    if not ray.is_initialized():
-        ray.init(address=cfg.ray_init.address or "local", num_cpus=None if cfg.ray_init.address else
-                 (cfg.ray_init.num_cpus or os.cpu_count()), include_dashboard=False, log_to_driver=True,
-                 runtime_env=ray_runtime_env(cfg, cfg.actor_rollout_ref.model.path))
-        if not cfg.ray_init.address:  # this run's own Ray must not outlive it, even a kill -9 of it
-            from hybridflow.ray_watchdog import guard_local_ray
-
-            guard_local_ray()
+    start_ray(cfg.ray_init, ray_runtime_env(cfg, cfg.actor_rollout_ref.model.path))
     trace = cfg.ray_kwargs.timeline_json_file
     try:  # the trace is written whatever happens after Ray starts, start-up failures included
         previous_sigterm = stop_on_sigterm()

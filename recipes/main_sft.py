@@ -63,25 +63,17 @@ def _train(cfg, engine, train_loader, val_loader) -> dict:
     """Start Ray and the SFT workers, train, export the HF checkpoint."""
     import dataclasses
 
-    import ray
-
     from hybridflow import device
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
     from hybridflow.tracking import Tracker, flatten_config, with_jsonl
     from hybridflow.trainer.sft_trainer import SFTTrainer
+    from recipes.ray_start import start_ray
     from recipes.worker_env import ray_runtime_env
     from workers.sft_worker import SFTSettings, SFTWorker
 
     t = cfg.trainer
     use_gpu = device.uses_gpu(t.device)
-    if not ray.is_initialized():
-        ray.init(address=cfg.ray_init.address or "local",
-                 num_cpus=None if cfg.ray_init.address else (cfg.ray_init.num_cpus or os.cpu_count()),
-                 include_dashboard=False, runtime_env=ray_runtime_env(cfg, cfg.model.path))
-        if not cfg.ray_init.address:  # this run's own Ray must not outlive it, even a kill -9 of it
-            from hybridflow.ray_watchdog import guard_local_ray
-
-            guard_local_ray()
+    start_ray(cfg.ray_init, ray_runtime_env(cfg, cfg.model.path))
     previous_sigterm = stop_on_sigterm()
     pool = ResourcePool([t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu, cpus_per_slot=t.cpus_per_worker)
     group = RayWorkerGroup(pool, RayClassWithInitArgs(SFTWorker, SFTSettings(cfg.model.path, engine)),

@@ -24,9 +24,11 @@ def ray_cluster():
     """A local Ray instance shared by the tests that ask for it (4 logical CPUs on a 2-core box)."""
     import ray
 
+    from recipes.ray_start import NO_PRESTART
+
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=512 * 1024**2,
+                 object_store_memory=512 * 1024**2, _system_config=NO_PRESTART,
                  runtime_env={"env_vars": {"PYTHONPATH": REPO, "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
