@@ -29,11 +29,16 @@ class Probe:
 probe = Probe.remote()
 actor_pid = ray.get(probe.pid.remote())
 time.sleep(float(sys.argv[1]))  # prestarted workers are up within a second or two of the driver's start
+# this instance's processes only (another test's Ray may run beside it): its workers are children
+# of its raylet, one of the head processes the driver started
+node = ray._private.worker._global_node
+heads = [info.process.pid for infos in node.all_processes.values() for info in infos if info.process is not None]
 names = []
-for p in psutil.process_iter(["name", "cmdline"]):
-    cmd = " ".join(p.info["cmdline"] or [])
-    if cmd.startswith("ray::") and p.pid != actor_pid:
-        names.append(cmd.split()[0])
+for head in heads:
+    for p in psutil.Process(head).children(recursive=True):
+        cmd = " ".join(p.cmdline())
+        if cmd.startswith("ray::") and p.pid != actor_pid:
+            names.append(cmd.split()[0])
 print("IDLE" if "ray::IDLE" in names else "none idle", sorted(set(names)))
 ray.shutdown()
 """
