@@ -2,7 +2,7 @@
 local instance of this run's own.
 
 A local instance differs from a bare ``ray.init()`` in three ways:
-- no dashboard (``include_dashboard=False``): nothing here serves it, and it costs a process;
+- no dashboard UI (``include_dashboard=False``; Ray 2.60 still starts its API server process);
 - no worker prestart: Ray starts idle worker processes for tasks when the first driver connects,
   and a recipe runs actors, which start workers of their own. The idle ones cost about 0.8 s of
   CPU each to start (two on a 2-core machine, more on larger ones) and are never used by a recipe;
