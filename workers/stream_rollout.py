@@ -58,26 +58,29 @@ class StreamingRollout:
     def stream_step(self, max_steps: int) -> dict:
         """Up to ``max_steps`` engine steps. Returns {rows: the samples finished since the last call
         (DataProto with generate_sequences' columns + row_index) or None (none, or not the TP
-        group's collect rank), unfinished: int, steps: int, seconds: float, done: bool}; with done
+        group's collect rank), unfinished: int, unstarted: int (of them, those with no token
+        generated yet), steps: int, seconds: float, done: bool}; with done
         (nothing unfinished: the session is closed) also metrics: dict. No open session: done."""
         spans.relabel(self._stream_stage)
         t0 = time.perf_counter()
         if self._stream is None:
-            return {"rows": None, "unfinished": 0, "steps": 0, "seconds": 0.0, "done": True, "metrics": {}}
+            return {"rows": None, "unfinished": 0, "unstarted": 0, "steps": 0, "seconds": 0.0, "done": True,
+                    "metrics": {}}
         with self._stream_timed():
             rows, left, steps = self._stream_call(self._stream.step, int(max_steps))
             if rows is not None:
                 self._stream_rows(rows)
         out = {"rows": rows if self.rollout.is_collect else None, "unfinished": left, "steps": steps,
-               "seconds": time.perf_counter() - t0, "done": left == 0}
+               "unstarted": self._stream.unstarted, "seconds": time.perf_counter() - t0, "done": left == 0}
         if left == 0:
             out["metrics"] = self._close_stream()
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_export(self, count: int | None = None) -> list | None:
+    def stream_export(self, count: int | None = None, unstarted_only: bool = False) -> list | None:
         """Abort ``count`` unfinished samples of this rank's session (None: all of them, and the
-        session closes; else the session stays open even if none is left: the next
+        session closes; ``unstarted_only``: only of those with no token generated yet, and the
+        session stays open; else the session stays open even if none is left: the next
         ``stream_step`` returns what adopt finished at once and closes it, as for any session).
         Returns the ``Partial``s sorted by row_index (workers/rollout/vllm_stream.py says which
         ones a count takes) on the TP group's collect rank, None elsewhere; [] when no session is
@@ -86,8 +89,9 @@ class StreamingRollout:
         if self._stream is None:
             return [] if self.rollout.is_collect else None
         with self._stream_timed():
-            partials = self._stream_call(self._stream.export, None if count is None else int(count))
-        if count is None:
+            partials = self._stream_call(self._stream.export, None if count is None else int(count),
+                                         bool(unstarted_only))
+        if count is None and not unstarted_only:  # every sample left: the session is done
             self._close_stream()
         return partials if self.rollout.is_collect else None
 

@@ -22,7 +22,9 @@ each handled slice the stream compares the replicas' remaining work and, when th
 exceeds the idlest's by more than ``threshold`` of the busiest's, moves about half the difference
 from the busiest to the idlest (a replica whose generation ended included: its engine opens a new
 session), so the ranks finish together instead of waiting for the one that was dealt the long
-samples. ``Replica.work`` says how work is measured and what differs from RLHFSpec.
+samples. By default only samples still queued (no token generated: the busiest rank's engine
+had no place for them yet) move, at most as many as it reported; ``move_started=True`` moves
+running ones too. ``Replica.work`` says how work is measured and what differs from RLHFSpec.
 
 What differs from a plain group call: prompts are split over the generation data-parallel ranks
 without padding (rows are identified by index, so unequal shares need no filler), and each rank
@@ -43,6 +45,7 @@ from hybridflow.protocol import DataProto
 ROW_INDEX = "row_index"
 REALLOCATED = "rollout/reallocated_samples"  # samples moved by reallocation
 REALLOCATIONS = "rollout/reallocations"  # moves made
+REALLOCATED_TOKENS = "rollout/reallocated_prefix_tokens"  # tokens the moved samples had generated (recomputed)
 # a session's counts (workers/rollout/vllm_stream.py), summed over a replica's sessions
 SUMMED = ("rollout/stream_exported", "rollout/stream_adopted")
 # the fewest and most engine steps a slice may ask for; the count aims at ``slice_s`` of stepping
@@ -61,6 +64,7 @@ class Replica:
         self.calls: deque[tuple[str, list]] = deque()  # (method, one ref per rank), oldest first
         self.open = False  # a generation session is running on its engine
         self.unfinished = 0
+        self.unstarted = 0  # of them, those with no token generated yet (as of the last slice)
         self.step_s = None  # the last slice's seconds per engine step
         self.closed_at: float | None = None  # the controller's clock when its generation ended
         self.metrics: dict = {}
@@ -97,13 +101,15 @@ class GenerationStream:
     """``prompts``' generation on ``group``'s rollout ranks, as chunks of finished samples."""
 
     def __init__(self, group, prompts: DataProto, n: int | None = None, slice_s: float = 0.05,
-                 rebalance: float | None = None, lengths=None):
+                 rebalance: float | None = None, lengths=None, move_started: bool = False):
         """``n`` samples per prompt: the argument, else ``prompts.meta_info["n"]`` (one of them is
         needed: the row indices depend on it, and the workers' default is their config's).
         ``rebalance``: sample reallocation's threshold in (0, 1) (module docstring), None: off.
         ``lengths``: each prompt's expected answer length (NaN: not known), e.g. its answers' at an
         earlier epoch; the prompts are then dealt by it (``deal_by_length``) instead of in the
-        contiguous shares a group call makes."""
+        contiguous shares a group call makes. ``move_started``: reallocation may also move
+        samples that have generated tokens (the receiver recomputes their prefix); False: only
+        samples still queued for a place in the engine's batch."""
         if n is None and "n" not in prompts.meta_info:
             raise ValueError("GenerationStream: say how many samples per prompt, as n=... or meta_info['n']")
         n = int(prompts.meta_info["n"] if n is None else n)
@@ -123,8 +129,9 @@ class GenerationStream:
         self.moved = 0
         if rebalance is not None and not 0 < rebalance < 1:  # 1 and above: the gap never exceeds it
             raise ValueError(f"GenerationStream: rebalance={rebalance} must be a fraction in (0, 1), or None")
-        self.rebalance = rebalance
+        self.rebalance, self.move_started = rebalance, move_started
         self.reallocated = self.reallocations = 0  # samples moved by reallocation, and the moves
+        self.reallocated_tokens = 0  # the tokens those samples had generated: the receivers recompute their KV
         self._moving = False  # a reallocation's export or adopt is queued and not handled yet
         self._answered: set = set()  # refs of queued calls seen answered (in_flight leaves them out)
         prompts = prompts[0:len(prompts)]  # a view: the caller's batch gets no new column
@@ -218,6 +225,7 @@ class GenerationStream:
         if result["steps"]:
             replica.step_s = result["seconds"] / result["steps"]
             replica.unfinished = int(result["unfinished"])
+            replica.unstarted = int(result.get("unstarted", 0))
         if result["done"] and result.get("metrics"):
             replica.metrics = _merged_sessions(replica.metrics, result["metrics"])
         # done with an adopt queued behind: the adopt opens a new session on that engine
@@ -298,14 +306,14 @@ class GenerationStream:
         if busiest is None or busiest is idlest or not busiest.open:
             return
         gap = busiest.work - idlest.work
-        count = gap // 2
+        count = gap // 2 if self.move_started else min(gap // 2, busiest.unstarted)
         if count < 1 or gap <= self.rebalance * busiest.work:
             return
         self._moving, busiest.settled, idlest.settled = True, False, False
         busiest.export_to.append(idlest)
         # behind the busiest's queued slices (Ray runs one actor's calls in order); the adopt is
         # queued when the export's partials come back (_exported)
-        self._queue(busiest, "stream_export", count)
+        self._queue(busiest, "stream_export", count, not self.move_started)
 
     def _exported(self, source: Replica, partials: list) -> None:
         target = source.export_to.popleft()
@@ -320,6 +328,7 @@ class GenerationStream:
         self._queue(target, "stream_adopt", partials)
         self._top_up(target)
         self.reallocated += len(partials)
+        self.reallocated_tokens += sum(len(p.token_ids) for p in partials)
         self.reallocations += 1
 
     # ------------------------------------------------------------------ the result
@@ -337,7 +346,8 @@ class GenerationStream:
         generation ends: finished, or its tail moved away); the samples moved."""
         out = {"fusion/migrated_samples": float(self.moved)}
         if self.rebalance is not None:
-            out.update({REALLOCATED: float(self.reallocated), REALLOCATIONS: float(self.reallocations)})
+            out.update({REALLOCATED: float(self.reallocated), REALLOCATIONS: float(self.reallocations),
+                        REALLOCATED_TOKENS: float(self.reallocated_tokens)})
         if not self.finished_at:
             return out
         last, median = max(self.finished_at), float(np.median(self.finished_at))

@@ -5,8 +5,10 @@ reallocation: hybridflow/controller/stream.py). Either way the trainer gets the 
 generate_sequences' order with its columns (greedy: the same tokens, log-probs to fp32 rounding),
 and ``meta_info["metrics"]`` with the ranks' own metrics (``perf/gen_tail_share``,
 ``timing_s/gen_worker``, the weight sync's) as their mean, plus, streamed,
-``rollout/reallocated_samples`` and ``rollout/reallocations``, and with ``deal_by_length``
-``rollout/dealt_by_length``, the share of the prompts dealt by a known answer length.
+``rollout/reallocated_samples``, ``rollout/reallocations`` and
+``rollout/reallocated_prefix_tokens``, and with ``deal_by_length``
+``rollout/dealt_by_length``, the share of the prompts dealt by a known answer length (when it
+is 1, no sample moves: ``rebalance_threshold``).
 
 ReMax's greedy baseline (one greedy sample per prompt, short and even) stays a plain call; so does
 the fused rollout's stream (trainer/fused_rollout.py), whose tail moves by ``migrate_below``.
@@ -17,7 +19,8 @@ import hashlib
 
 import numpy as np
 
-from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, ROW_INDEX, GenerationStream, replica_metrics
+from hybridflow.controller.stream import (REALLOCATED, REALLOCATED_TOKENS, REALLOCATIONS, ROW_INDEX, GenerationStream,
+                                          replica_metrics)
 from hybridflow.protocol import DataProto
 
 KNOWN = "rollout/dealt_by_length"  # the share of the step's prompts whose answer length was known
@@ -47,6 +50,19 @@ class AnswerLengths:
         self._by_prompt.update(zip(self._keys(gen_in), lengths))
 
 
+def rebalance_threshold(reallocation, expected: list[float] | None) -> float | None:
+    """The stream's ``rebalance``: ``reallocation.threshold``, or None (no moves) when every prompt
+    is dealt by a known answer length. Why: on such a deal the ranks' counts of unfinished samples
+    drift apart by how fast each rank steps and when its short answers end, not by the work left,
+    and a move on that drift costs more than it mends (docs/benchmarks.md, sample reallocation,
+    2026-11-30 afternoon: dealt with moves 0.747 of plain against 0.720 without, greedy, 5
+    repetitions in one process; sampled 1.114 against 0.986, though sampled runs differ by their
+    draws as much as that)."""
+    if expected is not None and len(expected) and not np.isnan(np.asarray(expected, dtype=float)).any():
+        return None
+    return reallocation.threshold
+
+
 def generate(actor, gen_in: DataProto, n: int, reallocation, lengths: AnswerLengths | None = None) -> DataProto:
     """``gen_in``'s ``n`` samples per prompt on ``actor``'s rollout ranks (``reallocation``: the
     config section ``actor_rollout_ref.rollout.reallocation``; ``lengths``: what the prompts were
@@ -54,15 +70,17 @@ def generate(actor, gen_in: DataProto, n: int, reallocation, lengths: AnswerLeng
     if not reallocation.enable:
         return actor.generate_sequences(gen_in)
     expected = lengths.expected(gen_in) if lengths is not None and reallocation.deal_by_length else None
-    stream = GenerationStream(actor, gen_in, n=n, slice_s=reallocation.slice_s, rebalance=reallocation.threshold,
-                              lengths=expected)
+    stream = GenerationStream(actor, gen_in, n=n, slice_s=reallocation.slice_s,
+                              rebalance=rebalance_threshold(reallocation, expected), lengths=expected,
+                              move_started=reallocation.move_started)
     for _ in stream:  # the chunks are kept by the stream; batch() puts them in row order
         pass
     out = stream.batch()
     out.pop([ROW_INDEX])
     moved = stream.metrics()
-    out.meta_info["metrics"] = {**replica_metrics(stream), REALLOCATED: moved[REALLOCATED],
-                                REALLOCATIONS: moved[REALLOCATIONS]}
+    # a step dealt wholly by known lengths moves none (rebalance_threshold): 0, not absent
+    out.meta_info["metrics"] = {**replica_metrics(stream), **{key: moved.get(key, 0.0) for key in
+                                                              (REALLOCATED, REALLOCATIONS, REALLOCATED_TOKENS)}}
     if expected is not None:
         out.meta_info["metrics"][KNOWN] = float(np.mean(~np.isnan(expected))) if expected else 0.0
         lengths.record(gen_in, out, n)

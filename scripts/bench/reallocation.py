@@ -9,26 +9,31 @@ answer length; "long" are those at or above the candidates' ``--long-quantile`` 
 rest. The batch: ``--per-rank`` prompts per rank, rank 0 dealt ``--long-ratio`` times the long ones
 of rank 1 (rank 0: 3k long + the rest short, rank 1: k long + the rest short, k = per_rank / 4 by
 default, so both ranks hold the same number of samples: only their lengths differ), in the
-contiguous split the group's dispatch makes.
+contiguous split the group's dispatch makes. Each engine runs at most ``--max-num-seqs`` (32) of
+its rank's 64 samples at once and queues the rest, as RL rollouts do (a rank's share of a GRPO
+batch is hundreds to thousands of samples against vLLM's 256); ``--max-num-seqs 256`` runs every
+sample from the first step, where the even deal bounds any reallocation at about 0.81 on 2 CPU
+cores (docs/benchmarks.md).
 
 Each repetition times, in turn: ``plain`` (``generate_sequences``: what the trainer does without
 reallocation), ``even`` (``generate_sequences`` of the same prompts dealt evenly, every other long
 and short one to each rank: a deal balanced from the start, the mark reallocation aims at, with no
 move and no stream),
 ``stream`` (``GenerationStream`` without rebalancing: the stream's own cost), ``reallocated``
-(``GenerationStream(rebalance=--threshold)``: what the trainer does with
-``rollout.reallocation.enable`` in its first epoch) and ``dealt`` (the same, the prompts dealt by
-their warm-up answers' lengths: what it does from the second epoch on, ``deal_by_length``). Prints
+(``GenerationStream(rebalance=--threshold)``, queued samples moved, or running ones too with
+``--move-started``: what the trainer does with ``rollout.reallocation.enable`` in its first epoch) and ``dealt`` (the prompts dealt by their
+warm-up answers' lengths: what it does from the second epoch on, ``deal_by_length``; every length
+known, so no sample moves: ``rebalance_threshold``). Prints
 one JSON: the times and their medians, the ratios reallocated / plain (the issue's goal: <= 0.7),
 dealt / plain, reallocated / stream and even / plain, the share of
 the even deal's gain reallocation got, each rank's finish time in the streams, the samples moved,
 whether the tokens are generate_sequences' (greedy) and the largest log-prob difference, and the
 engine's seconds per step by the sequences it runs (``step_s_by_running_per_rank``) with the
 best ratio that curve allows (``ideal_ratio``: the busier rank alone against the running
-sequences shared evenly at every step, moves free).
+sequences shared evenly at every step, moves free; only where nothing queues).
 
-    .venv/bin/python scripts/bench/reallocation.py               # about 3 min with assets cached
-    .venv/bin/python scripts/bench/reallocation.py --per-rank 128 -- actor_rollout_ref.rollout.max_num_seqs=32
+    .venv/bin/python scripts/bench/reallocation.py               # about 15 min with assets cached
+    .venv/bin/python scripts/bench/reallocation.py --max-num-seqs 256 --move-started --reps 3
 """
 from __future__ import annotations
 
@@ -56,6 +61,8 @@ def parse_args(argv):
     p.add_argument("--long-ratio", type=int, default=3, help="rank 0's long prompts over rank 1's")
     p.add_argument("--long-per-rank1", type=int, default=None, help="rank 1's long prompts (default per_rank / 4)")
     p.add_argument("--response-length", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=32, help="rollout.max_num_seqs: sequences an engine runs at once")
+    p.add_argument("--move-started", action="store_true", help="rollout.reallocation.move_started=true")
     p.add_argument("--threshold", type=float, default=0.25, help="rollout.reallocation.threshold")
     p.add_argument("--slice-s", type=float, default=0.1, help="rollout.reallocation.slice_s")
     p.add_argument("--reps", type=int, default=5)
@@ -77,6 +84,7 @@ def _config(args, paths: dict):
         "actor_rollout_ref.rollout.do_sample=false", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.candidates}",
         "actor_rollout_ref.actor.use_kl_loss=false", f"trainer.n_gpus_per_node={args.workers}",
         "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
+        f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
         f"trainer.default_local_dir={work}", *args.overrides])
 
 
@@ -123,7 +131,8 @@ def _deal(args, lengths, candidates):
 def _stream(actor, batch, args, rebalance, lengths=None):
     from hybridflow.controller.stream import ROW_INDEX, GenerationStream
 
-    stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance, lengths=lengths)
+    stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance, lengths=lengths,
+                              move_started=args.move_started)
     for _ in stream:
         pass
     out = stream.batch()
@@ -158,11 +167,15 @@ def measure(argv) -> dict:
     import ray
     import torch
 
+    from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.protocol import DataProto
     from hybridflow.trainer.async_rollout import generation_request
+    from hybridflow.trainer.reallocated_rollout import rebalance_threshold
     from workloads.count_model import build_longtail_assets
 
     args = parse_args(argv)
+    realloc = ReallocationConfig(enable=True, threshold=args.threshold, slice_s=args.slice_s,
+                                 move_started=args.move_started)
     start, load = time.perf_counter(), os.getloadavg()[0]
     built = build_longtail_assets(REPO)
     paths = {"model": os.path.abspath(args.model or built["model"]), "data": os.path.abspath(args.data or built["data"])}
@@ -189,7 +202,7 @@ def measure(argv) -> dict:
             actor.generate_sequences(even)
             runs["even"].append(time.perf_counter() - t0)
             for name, rebalance, lengths in (("stream", None, None), ("reallocated", args.threshold, None),
-                                             ("dealt", args.threshold, known)):
+                                             ("dealt", rebalance_threshold(realloc, known), known)):
                 t0 = time.perf_counter()
                 got, stream, finished = _stream(actor, batch, args, rebalance, lengths)
                 runs[name].append(time.perf_counter() - t0)
@@ -199,7 +212,8 @@ def measure(argv) -> dict:
                 if name == "reallocated":
                     moved.append(stream.reallocated)
                     moves.append(stream.reallocations)
-        sizes = [int(s) for s in args.step_cost.split(",") if s]
+        # the curve is of sequences running together: none above what an engine runs at once
+        sizes = [int(s) for s in args.step_cost.split(",") if s and int(s) <= args.max_num_seqs]
         step_cost, prefill = _step_cost(actor, candidates, sizes, args.workers) if sizes else ({}, {})
     finally:
         for group in {id(g._actors[0]): g for g in groups.values()}.values():
@@ -211,7 +225,8 @@ def measure(argv) -> dict:
     report = {
         "setting": {"model": paths["model"], "data": paths["data"], "workers": args.workers, "per_rank": half,
                     "long_per_rank": [args.long_ratio * k, k], "long_min_tokens": long_min,
-                    "response_length": args.response_length, "threshold": args.threshold, "slice_s": args.slice_s,
+                    "response_length": args.response_length, "max_num_seqs": args.max_num_seqs,
+                    "move_started": args.move_started, "threshold": args.threshold, "slice_s": args.slice_s,
                     "reps": args.reps, "greedy": True, "overrides": args.overrides, "cpus": os.cpu_count(),
                     "cpu": _cpu(), "rollout_dtype": cfg.actor_rollout_ref.rollout.dtype,
                     "load_avg_1m_at_start": load},
@@ -222,7 +237,7 @@ def measure(argv) -> dict:
         "median_s": med,
         "ratio_reallocated_over_plain": round(med["reallocated"] / med["plain"], 3),
         "ratio_reallocated_over_stream": round(med["reallocated"] / med["stream"], 3),
-        # dealt by the answers' earlier lengths, then reallocated (the trainer's default from epoch 2)
+        # dealt by the answers' earlier lengths, no move (the trainer's default from epoch 2)
         "ratio_dealt_over_plain": round(med["dealt"] / med["plain"], 3),
         # the best any reallocation could do: the same prompts dealt evenly from the start
         "ratio_even_over_plain": round(med["even"] / med["plain"], 3),
@@ -235,7 +250,8 @@ def measure(argv) -> dict:
     if step_cost:
         report["step_s_by_running_per_rank"] = step_cost
         report["one_token_call_s_by_prompts_per_rank"] = prefill
-        report["ideal_ratio"] = _ideal(dealt, half, step_cost)
+        if args.max_num_seqs >= half:  # the model has every sample running from the first step
+            report["ideal_ratio"] = _ideal(dealt, half, step_cost)
     report["wall_s"] = round(time.perf_counter() - start, 1)
     return report
 

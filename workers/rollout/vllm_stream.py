@@ -148,23 +148,22 @@ class VLLMStream:
                         self._take(out, now)
         return self._rows(), len(self._samples), steps
 
-    def export(self, count: int | None = None) -> list[Partial]:
+    def export(self, count: int | None = None, unstarted_only: bool = False) -> list[Partial]:
         """Abort ``count`` unfinished samples (None: every one) and return what another engine needs
         to go on with them; the session goes on with the rest.
 
         A partial export (sample reallocation) takes the samples with the fewest tokens generated
         (ties: the lowest row_index, so every rank of a TP group picks the same ones): the receiver
         recomputes each moved sample's KV cache over prompt + prefix, so short prefixes are the
-        cheapest to move, and a sample that has run long keeps the cache it already paid for."""
+        cheapest to move, and a sample that has run long keeps the cache it already paid for.
+        ``unstarted_only``: only samples with no token generated yet (:attr:`unstarted`), fewer
+        than ``count`` if fewer are left."""
         self._check_open()
-        processor = self.engine.output_processor
-        held = []
-        for request_id, sample in self._samples.items():
-            state = processor.request_states[processor.external_req_ids[request_id][0]]
-            held.append((request_id, sample, state))
+        held = [(request_id, sample, self._state(request_id)) for request_id, sample in self._samples.items()]
+        if unstarted_only:
+            held = [h for h in held if _generated(h[1], h[2]) == 0]
         if count is not None and count < len(held):
-            held = sorted(held, key=lambda h: (len(h[1].prefix) + len(h[2].detokenizer.output_token_ids),
-                                               h[1].row_index))[:max(0, int(count))]
+            held = sorted(held, key=lambda h: (_generated(h[1], h[2]), h[1].row_index))[:max(0, int(count))]
         partials = []
         for _, sample, state in held:
             tokens = list(state.detokenizer.output_token_ids)
@@ -206,6 +205,13 @@ class VLLMStream:
     def unfinished(self) -> int:
         return len(self._samples)
 
+    @property
+    def unstarted(self) -> int:
+        """Unfinished samples with no token generated yet: those still waiting for a place in the
+        engine's batch (or prefilled in the step that ends now). Moving them costs the receiver
+        no recomputed prefix and leaves no partly run answer to restart late."""
+        return sum(_generated(sample, self._state(request_id)) == 0 for request_id, sample in self._samples.items())
+
     def metrics(self) -> dict[str, float]:
         """``perf/gen_tail_share`` over the samples this session finished, and the moves."""
         out = {TAIL_SHARE: tail_share(self._start, self._finish_times),
@@ -225,6 +231,10 @@ class VLLMStream:
         self.rollout._open_stream = None
 
     # ------------------------------------------------------------------ internals
+    def _state(self, request_id: str):
+        processor = self.engine.output_processor
+        return processor.request_states[processor.external_req_ids[request_id][0]]
+
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("VLLMStream: the session is closed")
@@ -263,6 +273,11 @@ class VLLMStream:
         out = build_rollout_batch(prompts, samples, self.rollout.config.response_length, self.rollout.pad_token_id)
         out.batch[ROW_INDEX] = torch.tensor([sample.row_index for sample, _, _ in done], dtype=torch.int64)
         return out
+
+
+def _generated(sample: _Sample, state) -> int:
+    """Tokens a sample has generated so far, on any engine."""
+    return len(sample.prefix) + len(state.detokenizer.output_token_ids)
 
 
 def _prompt_rows(prompts: DataProto) -> list[DataProto]:

@@ -6,7 +6,8 @@ samples move onto one rank; every row comes back once, and the batch equals the 
 generate_sequences, row for row. Sample reallocation: the prompts are dealt so that one rank gets
 every long answer (ordered by their generate_sequences length); the stream moves samples between
 the ranks once one holds far more unfinished samples than the other, and the batch is still
-generate_sequences' own, as is the trainer's streamed generation's. Dealt by the answers' lengths
+generate_sequences' own, as is the trainer's streamed generation's; by default only queued samples
+move (the engines run 4 at once). Dealt by the answers' lengths
 (``lengths=``, the trainer's ``deal_by_length``), the same lopsided batch gives each rank half of
 the long answers."""
 from __future__ import annotations
@@ -20,6 +21,9 @@ pytestmark = pytest.mark.slow
 
 TEXTS = ["12+3=", "hello world", "a", "What is 7*8?", "xyz", "9-4=", "hi", "the cat sat", "b", "1+1="]
 KEYS = ("responses", "response_mask", "input_ids", "attention_mask", "position_ids")
+# an engine runs 4 samples at once and queues the rest, as RL rollouts' engines do (reallocation
+# moves queued samples by default)
+MAX_NUM_SEQS = 4
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,8 @@ def group(ray_cluster, tmp_path_factory):
 
     ckpt = make_tiny_checkpoint(str(tmp_path_factory.mktemp("stream") / "model"), seed=0)
     settings = RolloutWorkerSettings(model_path=ckpt, rollout=RolloutConfig(
-        prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, kv_cache_gib=0.125, seed=0, dtype="float32"))
+        prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, kv_cache_gib=0.125, seed=0, dtype="float32",
+        max_num_seqs=MAX_NUM_SEQS))
     pool = ResourcePool([2], cpus_per_slot=1, name_prefix="stream", ready_timeout_s=60)
     workers = RayWorkerGroup(pool, create_colocated_worker_cls({"rollout": RayClassWithInitArgs(RolloutWorker, settings)}),
                              name_prefix="stream", timeout_s=240).spawn(["rollout"])["rollout"]
@@ -65,7 +70,7 @@ def test_a_stream_is_the_generation_chunk_by_chunk_with_a_moved_tail(group):
     for chunk in stream:
         chunks.append(chunk)
         if not moved:
-            stream.migrate(keep=1)
+            chunks += stream.migrate(keep=1)  # what the leaving rank's queued slices finished
             moved = stream.moved
     got = stream.batch()
     assert moved > 0 and len(chunks) > 1 and stream.free_ranks()
@@ -97,16 +102,21 @@ def _lopsided(group):
     return prompts, group.generate_sequences(prompts)
 
 
-def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
-    from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, GenerationStream
+@pytest.mark.parametrize("move_started", [False, True])
+def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group, move_started):
+    """By default only queued samples move (none had generated a token: nothing to recompute);
+    ``move_started`` moves running ones too."""
+    from hybridflow.controller.stream import REALLOCATED, REALLOCATED_TOKENS, REALLOCATIONS, GenerationStream
 
     prompts, want = _lopsided(group)
-    stream = GenerationStream(group, prompts, slice_s=1e-4, rebalance=0.5)
+    stream = GenerationStream(group, prompts, slice_s=1e-4, rebalance=0.5, move_started=move_started)
     for _ in stream:
         pass
     _assert_same_batch(stream.batch(), want)
     metrics = stream.metrics()
     assert metrics[REALLOCATED] > 0 and metrics[REALLOCATIONS] >= 1, metrics
+    if not move_started:
+        assert metrics[REALLOCATED_TOKENS] == 0, metrics
     assert metrics[REALLOCATED] == stream.reallocated and stream.moved == 0  # not migrate's
     # what one rank exported the other adopted (a replica's sessions' counts add up). Which way
     # samples go is the ranks' pace: on 2 shared cores the rank dealt the short answers can lag
@@ -120,7 +130,8 @@ def test_reallocation_moves_samples_off_the_rank_dealt_the_long_ones(group):
     from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.trainer.reallocated_rollout import generate
 
-    got = generate(group, prompts, 1, ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4))
+    got = generate(group, prompts, 1, ReallocationConfig(enable=True, threshold=0.5, slice_s=1e-4,
+                                                         move_started=move_started))
     _assert_same_batch(got, want)
     assert sorted(got.batch.keys()) == sorted(want.batch.keys())
     got_metrics, want_metrics = got.meta_info.pop("metrics"), dict(want.meta_info.pop("metrics", {}))
@@ -132,7 +143,7 @@ def test_dealt_by_answer_length_each_rank_gets_half_the_long_answers(group):
     """The same lopsided batch dealt by its answers' lengths (as the trainer does from an earlier
     epoch's): both ranks hold as many long answers, and the batch is still generate_sequences'."""
     from hybridflow.config.reallocation import ReallocationConfig
-    from hybridflow.controller.stream import GenerationStream
+    from hybridflow.controller.stream import REALLOCATED, REALLOCATIONS, GenerationStream
     from hybridflow.trainer.reallocated_rollout import KNOWN, AnswerLengths, generate
 
     prompts, want = _lopsided(group)
@@ -153,4 +164,6 @@ def test_dealt_by_answer_length_each_rank_gets_half_the_long_answers(group):
         got = generate(group, prompts, 1, config, history)
         _assert_same_batch(got, want)
         assert got.meta_info["metrics"][KNOWN] == known
+    # every prompt known: the deal balances the ranks, and no sample moves (rebalance_threshold)
+    assert got.meta_info["metrics"][REALLOCATED] == got.meta_info["metrics"][REALLOCATIONS] == 0.0
     assert history.expected(prompts) == lengths.float().tolist()

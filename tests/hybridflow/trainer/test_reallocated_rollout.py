@@ -21,7 +21,8 @@ def test_a_step_generates_through_the_rebalancing_stream(tmp_path):
                "actor_rollout_ref.rollout.do_sample=false", "data.max_response_length=12",
                "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=1",
                "trainer.test_freq=-1", "trainer.save_freq=-1", "actor_rollout_ref.rollout.reallocation.enable=true",
-               "actor_rollout_ref.rollout.reallocation.slice_s=0.0001")
+               "actor_rollout_ref.rollout.reallocation.slice_s=0.0001",
+               "actor_rollout_ref.rollout.max_num_seqs=2")  # 4 samples per rank: 2 queued, which may move
     steps = read_steps(tmp_path / "run")
     assert sorted(steps) == [1]
     for step in steps.values():
@@ -29,5 +30,6 @@ def test_a_step_generates_through_the_rebalancing_stream(tmp_path):
         assert moved >= 0 and step["rollout/reallocations"] <= moved
         # per-rank means over the two ranks' sessions: each moved sample left one and reached the other
         assert 2 * step["rollout/stream_exported"] == 2 * step["rollout/stream_adopted"] == moved
+        assert step["rollout/reallocated_prefix_tokens"] == 0  # only queued samples move by default
         assert math.isfinite(step["actor/pg_loss"]) and "perf/gen_tail_share" in step and "timing_s/gen_worker" in step
         assert step["rollout/dealt_by_length"] == 0.0  # deal_by_length: no prompt answered before the first step

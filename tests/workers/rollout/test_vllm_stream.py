@@ -5,7 +5,8 @@ generation in one process, as a move between two ranks would see them); every ch
 once and the tests read its results. Greedy: the rows a session returns, sorted by row_index,
 equal generate_sequences' batch (every column, tokens exactly, log-probs to 1e-5) with no move,
 with a move to a session that is generating its own prompts, with a move to one that has none,
-and with a partial export (the samples with the fewest tokens) to an engine whose last session ended;
+with a partial export (the samples with the fewest tokens) to an engine whose last session ended,
+and with an export of only the samples not started yet;
 stop tokens end rows early. Sampled with a move: each row's log-probs equal a transformers
 forward of its tokens.
 """
@@ -114,6 +115,21 @@ def _stream_worker(rank, world, path):
     res["partial"] += _run(sb, 2) + _run(sa, 2)
     sa.close(), sb.close()
 
+    # only samples not started: a steps its first half once, then queues the second half, whose
+    # samples hold no token until the next step; an unstarted-only export takes just those
+    sa = VLLMStream(a)
+    sa.start(full[:4])
+    res["unstarted"] = _run(sa, 1, calls=1)
+    sa.start(full[4:])
+    res["unstarted_count"], held = sa.unstarted, sa.unfinished
+    partials = sa.export(6, unstarted_only=True)
+    res["unstarted_exported"] = [(p.row_index, len(p.token_ids)) for p in partials]
+    res["unstarted_left"] = (held - sa.unfinished, sa.unstarted)
+    sb = VLLMStream(b)
+    sb.adopt(partials)
+    res["unstarted"] += _run(sb, 3) + _run(sa, 3)
+    sa.close(), sb.close()
+
     # sampled, with a move in the middle
     sa, sb = VLLMStream(a), VLLMStream(b)
     sa.start(_prompts(path, SAMPLED))
@@ -183,6 +199,15 @@ def test_a_partial_export_moves_the_shortest_prefixes_and_changes_nothing(spawne
     assert len({held[row] for row in held}) > 1  # the samples held differed in age: the choice mattered
     assert all(tokens == held[row] for row, tokens in exported)
     _assert_equals_reference(res["partial"], res["reference"])
+
+
+@pytest.mark.slow
+def test_an_unstarted_only_export_moves_only_samples_with_no_token(spawned):
+    _, res = spawned
+    assert res["unstarted_count"] == 4  # the second half, queued after the first half's step
+    assert res["unstarted_exported"] == [(row, 0) for row in range(4, 8)]  # 4 of the 6 asked: no more were unstarted
+    assert res["unstarted_left"] == (4, 0)  # those 4 left the session; the first half's, all started, stayed
+    _assert_equals_reference(res["unstarted"], res["reference"])
 
 
 @pytest.mark.slow
