@@ -18,6 +18,14 @@ def rows(n, offset=0):
                                {"tag": [f"r{i}" for i in range(offset, offset + n)]})
 
 
+def _gather_all(group, *args, **kwargs):
+    return [((list(range(group.world_size)),), {})] * group.world_size
+
+
+def _sum_collect(group, outputs):
+    return sum(outputs)
+
+
 class EchoWorker(Worker):
     def __init__(self, scale=1.0):
         super().__init__()
@@ -81,6 +89,10 @@ class EchoWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
+    @register(dispatch_mode=DispatchMode(_gather_all, _sum_collect))  # a user's own dispatch pair
+    def count(self, ranks):
+        return len(ranks) * (self.rank + 1)
+
 
 class MeshWorker(Worker):
     """2 ranks as one TP group (tp=2, dp=1): both get the same data, rank 0 is collected."""
@@ -99,20 +111,6 @@ class MeshWorker(Worker):
         return self.forward.__wrapped__(self, data)
 
 
-def _gather_all(group, *args, **kwargs):
-    return [((list(range(group.world_size)),), {})] * group.world_size
-
-
-def _sum_collect(group, outputs):
-    return sum(outputs)
-
-
-class CustomWorker(Worker):
-    @register(dispatch_mode=DispatchMode(_gather_all, _sum_collect))
-    def count(self, ranks):
-        return len(ranks) * (self.rank + 1)
-
-
 _POOLS = []
 
 
@@ -127,6 +125,16 @@ def release_pools():
     yield
     while _POOLS:
         _POOLS.pop().release()
+
+
+@pytest.fixture(scope="module")
+def mesh(ray_cluster):
+    """One TP group of 2 MeshWorkers (tp 2, dp 1) for the tests that only call it."""
+    pool = ResourcePool([2], cpus_per_slot=0.5, ready_timeout_s=60)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(MeshWorker, 2), name_prefix="mesh")
+    yield group
+    group.shutdown()
+    pool.release()
 
 
 @pytest.fixture(scope="module")
@@ -174,12 +182,10 @@ def test_every_part_of_a_padded_split_is_marked_and_the_result_is_not(echo):
     assert DP_PADDING_ROWS not in padded.meta_info
 
 
-def test_mesh_dispatch_replicates_within_tp_and_collects_once(ray_cluster):
-    g = make_group(MeshWorker, 2, 2, name="mesh")
-    out = g.forward(rows(3))
+def test_mesh_dispatch_replicates_within_tp_and_collects_once(mesh):
+    out = mesh.forward(rows(3))
     # dp_size 1: both ranks got all 3 rows; only rank 0's output is collected (no +100)
     assert torch.equal(out.batch["y"].squeeze(1), torch.arange(3).float())
-    g.shutdown()
 
 
 def test_mesh_dispatch_dp2(ray_cluster):
@@ -218,42 +224,34 @@ def test_colocated_roles_share_one_process(ray_cluster):
     g.shutdown()
 
 
-def test_non_blocking_chain_without_driver_fetch(ray_cluster):
-    g1 = make_group(EchoWorker, 2, 1.0, name="chain1")
-    g2 = make_group(MeshWorker, 2, 2, name="chain2")  # dp 1: a different split than g1
-    g3 = make_group(EchoWorker, 2, 1.0, name="chain3")  # dp 2: same split as g1
-    fut = g1.double_async(rows(5))
-    direct = g3.double_async(fut)
+def test_non_blocking_chain_without_driver_fetch(echo, mesh):
+    fut = echo.double_async(rows(5))  # x 6
+    direct = echo.double_async(fut)  # dp 2: the same split, each rank takes its own part
     data = direct.get()
-    assert data.batch["y"].squeeze(1).tolist() == [0, 4, 8, 12, 16]
-    # re-split into another dp size: each worker fetches the parts itself
-    out = g2.forward(g1.double_async(rows(5)))
-    assert out.batch["y"].squeeze(1).tolist() == [0, 2, 4, 6, 8]
+    assert data.batch["y"].squeeze(1).tolist() == [0, 36, 72, 108, 144]
+    # re-split into another dp size (the mesh group's dp 1): each worker fetches the parts itself
+    out = mesh.forward(echo.double_async(rows(5)))
+    assert out.batch["y"].squeeze(1).tolist() == [0, 6, 12, 18, 24]
     assert list(out.non_tensor_batch["tag"]) == [f"r{i}" for i in range(5)]
-    for g in (g1, g2, g3):
-        g.shutdown()
 
 
-def test_submit_runs_a_group_while_the_controller_drives_another(ray_cluster):
+def test_submit_runs_a_group_while_the_controller_drives_another(echo):
     """Separate pools work at once: a submitted call runs while another group's blocking call
     does, and its future collects what the blocking call would."""
-    main, side = make_group(EchoWorker, 1, name="main"), make_group(EchoWorker, 2, 10.0, name="side")
+    main, side = make_group(EchoWorker, 1, name="main"), echo
     assert side.submit("double", rows(5)).get().batch["y"].squeeze(1).tolist() == side.double(rows(5)).batch[
-        "y"].squeeze(1).tolist() == [0, 20, 40, 60, 80]
+        "y"].squeeze(1).tolist() == [0, 6, 12, 18, 24]
     t0 = time.monotonic()
     pending = side.submit("sleep", 3.0)
     assert main.sleep(3.0) == [0] and pending.get() == [0, 1]
     assert time.monotonic() - t0 < 5.0  # one after the other: 6 s; 2 s for Ray's calls on a busy machine
-    with pytest.raises(AttributeError, match=r"side: no group method 'nap'"):
+    with pytest.raises(AttributeError, match=r"echo: no group method 'nap'"):
         side.submit("nap", 1)
-    for g in (main, side):
-        g.shutdown()
+    main.shutdown()
 
 
-def test_custom_dispatch_pair(ray_cluster):
-    g = make_group(CustomWorker, name="custom")
-    assert g.count() == 2 * 1 + 2 * 2
-    g.shutdown()
+def test_custom_dispatch_pair(echo):
+    assert echo.count() == 2 * 1 + 2 * 2
 
 
 def test_worker_raise_names_group_rank_method_and_traceback(echo):
@@ -288,13 +286,12 @@ def test_killed_worker_fails_fast_within_timeout(ray_cluster):
     g.shutdown()
 
 
-def test_worker_killed_for_memory_is_one_line_with_the_numbers(ray_cluster, monkeypatch):
+def test_worker_killed_for_memory_is_one_line_with_the_numbers(echo, monkeypatch):
     """Ray's memory monitor kills a worker with a report of dozens of lines (object-store stats,
     top processes); the error keeps its first line, with the numbers, and says what happened."""
     import ray
 
-    g = make_group(EchoWorker, name="hungry")
-    refs = g.execute_all_async("who", "t")
+    refs = echo.execute_all_async("who", "t")
     real_get = ray.get
     report = ("1 worker(s) were killed due to the node running low on memory. Memory on the node was "
               "22.63GB used / 23.54GB limit (0.961247)\nObject store memory usage: [- objects spillable: 0")
@@ -305,12 +302,11 @@ def test_worker_killed_for_memory_is_one_line_with_the_numbers(ray_cluster, monk
         return real_get(ref, *args, **kwargs)
 
     monkeypatch.setattr(ray, "get", get)
-    with pytest.raises(WorkerMemoryError, match=r"hungry: rank 1 was killed for lack of host memory during who "
+    with pytest.raises(WorkerMemoryError, match=r"echo: rank 1 was killed for lack of host memory during who "
                                                 r"\(1 worker\(s\) were killed .* 22\.63GB used / 23\.54GB limit") as err:
-        g._wait(refs, "who")
+        echo._wait(refs, "who")
     assert "Object store" not in str(err.value) and isinstance(err.value, WorkerGroupError)
     monkeypatch.undo()
-    g.shutdown()
 
 
 def test_hung_call_times_out(ray_cluster):
