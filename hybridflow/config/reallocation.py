@@ -43,6 +43,6 @@ class ReallocationConfig:
                                     "place in the busiest rank's engine batch, which cost nothing to move")
     deal_by_length: bool = key(True, "deal each step's prompts to the ranks by the length of their answers when they "
                                      "were last generated (an earlier epoch): sorted, alternately, longest first "
-                                     "(hybridflow/controller/stream.py deal_by_length); prompts not seen yet count as "
+                                     "(hybridflow/controller/length_deal.py); prompts not seen yet count as "
                                      "the median; a step whose every prompt is known moves no sample. false: "
                                      "contiguous shares, as a plain generation call deals them")

@@ -1,5 +1,5 @@
-"""``deal_by_length`` (hybridflow/controller/stream.py): prompts dealt to generation ranks by their
-expected answer length, and the trainer's record of those lengths
+"""``deal_by_length`` (hybridflow/controller/length_deal.py): prompts dealt to generation ranks
+by their expected answer length, and the trainer's record of those lengths
 (hybridflow/trainer/reallocated_rollout.py ``AnswerLengths``), and when a step so dealt moves
 nothing. No Ray, no engine."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from hybridflow.controller.stream import deal_by_length
+from hybridflow.controller.length_deal import deal_by_length
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.reallocated_rollout import AnswerLengths
 
