@@ -26,6 +26,12 @@ import time
 from hybridflow.process_start import start_time
 
 
+def head_pids(node) -> list[int]:
+    """The pids of the processes a Ray head node started (GCS, raylet, the dashboard's, ...):
+    ``ray._private.worker._global_node`` in the driver that started the instance."""
+    return [info.process.pid for infos in node.all_processes.values() for info in infos if info.process is not None]
+
+
 def guard_local_ray() -> subprocess.Popen | None:
     """After ``ray.init(address="local", ...)`` in the driver: start the watchdog of this instance.
     None where there is nothing to guard (no /proc, Ray not started here)."""
@@ -34,8 +40,7 @@ def guard_local_ray() -> subprocess.Popen | None:
     node = getattr(ray._private.worker, "_global_node", None)
     if node is None or not node.head or not os.path.isdir("/proc"):
         return None
-    heads = [f"{info.process.pid}:{start_time(info.process.pid)}"
-             for infos in node.all_processes.values() for info in infos if info.process is not None]
+    heads = [f"{pid}:{start_time(pid)}" for pid in head_pids(node)]
     me = f"{os.getpid()}:{start_time(os.getpid())}"
     session = os.path.realpath(node.get_session_dir_path())
     # importable from wherever the driver was started (a script path, another working directory)

@@ -16,6 +16,7 @@ SCRIPT = """
 import sys, time
 from types import SimpleNamespace
 import psutil, ray
+from hybridflow.ray_watchdog import head_pids
 from recipes.ray_start import start_ray
 
 start_ray(SimpleNamespace(address=None, num_cpus=2), {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
@@ -31,10 +32,8 @@ actor_pid = ray.get(probe.pid.remote())
 time.sleep(float(sys.argv[1]))  # prestarted workers are up within a second or two of the driver's start
 # this instance's processes only (another test's Ray may run beside it): its workers are children
 # of its raylet, one of the head processes the driver started
-node = ray._private.worker._global_node
-heads = [info.process.pid for infos in node.all_processes.values() for info in infos if info.process is not None]
 names = []
-for head in heads:
+for head in head_pids(ray._private.worker._global_node):
     for p in psutil.Process(head).children(recursive=True):
         cmd = " ".join(p.cmdline())
         if cmd.startswith("ray::") and p.pid != actor_pid:

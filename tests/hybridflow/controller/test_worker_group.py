@@ -127,25 +127,26 @@ def release_pools():
         _POOLS.pop().release()
 
 
-@pytest.fixture(scope="module")
-def mesh(ray_cluster):
-    """One TP group of 2 MeshWorkers (tp 2, dp 1) for the tests that only call it."""
+def _shared_group(cls, *args, name):
+    """A module's group of 2 workers for the tests that only call it: a group's start (a Ray
+    worker process importing torch and tensordict) is 3.5 s of a 4 s test on 2 cores."""
     pool = ResourcePool([2], cpus_per_slot=0.5, ready_timeout_s=60)
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(MeshWorker, 2), name_prefix="mesh")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(cls, *args), name_prefix=name)
     yield group
     group.shutdown()
     pool.release()
+
+
+@pytest.fixture(scope="module")
+def mesh(ray_cluster):
+    """One TP group of 2 MeshWorkers (tp 2, dp 1)."""
+    yield from _shared_group(MeshWorker, 2, name="mesh")
 
 
 @pytest.fixture(scope="module")
 def echo(ray_cluster):
-    """One group of 2 EchoWorkers (scale 3) for the tests that only call it: a group's start (a
-    Ray worker process importing torch and tensordict) is 3.5 s of a 4 s test on 2 cores."""
-    pool = ResourcePool([2], cpus_per_slot=0.5, ready_timeout_s=60)
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, 3.0), name_prefix="echo")
-    yield group
-    group.shutdown()
-    pool.release()
+    """One group of 2 EchoWorkers (scale 3)."""
+    yield from _shared_group(EchoWorker, 3.0, name="echo")
 
 
 def test_one_to_all_all_to_all_rank_zero(echo):
