@@ -28,7 +28,7 @@ REWARD_FILE = textwrap.dedent("""
             os._exit(7)  # a segfault in a C extension looks the same from outside
         if ground_truth == "sigterm":  # scancel arrives while the function runs
             os.kill(int(os.environ["REWARD_TEST_DRIVER_PID"]), 15)
-            time.sleep(5)
+            time.sleep(300)
         return {"score": float(solution_str == ground_truth), "pid": os.getpid()}
 
     def batch_score(data_sources, solution_strs, ground_truths, extra_infos):
@@ -71,7 +71,9 @@ def test_sigterm_while_the_reward_function_runs_stops_instead_of_scoring_zero(re
     started = time.monotonic()
     with pytest.raises(Terminated, match="stopped by SIGTERM"):
         _score(manager, ["a", "sigterm", "b"])
-    assert time.monotonic() - started < 5  # the stop did not wait for the call to end
+    # the stop did not wait for the 300 s call to end; the margin is for a child's start-up on a
+    # loaded CI machine (a bound of 5 s against a 5 s sleep failed there)
+    assert time.monotonic() - started < 120
     manager.close()
 
 
@@ -92,7 +94,7 @@ def test_a_call_past_the_timeout_scores_zero_is_counted_and_warned_about(reward_
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.manager"):
         out = _score(manager, ["a", "sleep", "b"])
-    assert time.monotonic() - started < 15  # not 600 s
+    assert time.monotonic() - started < 120  # not 600 s; the margin is for a loaded CI machine
     assert out.scores == [1.0, 0.0, 1.0]
     assert out.metrics["reward/timeouts"] == 1.0 and out.metrics["reward/errors"] == 0.0
     messages = [r.getMessage() for r in caplog.records]
@@ -175,7 +177,10 @@ def test_calls_are_bounded_in_the_reward_process_too(reward_file, ray_cluster):
     try:
         started = time.monotonic()
         _, scores, metrics, extra, _ = process.submit(batch).result()
+        elapsed = time.monotonic() - started
     finally:
         process.shutdown()
-    assert time.monotonic() - started < 30 and scores == [1.0, 0.0, 1.0] and metrics["reward/timeouts"] == 1.0
+    # Not 600 s. The time includes the actor's and its child's start-up (imports of torch), which
+    # took 33 s on a loaded 2-core CI machine, so the bound only separates cut from waited.
+    assert elapsed < 240 and scores == [1.0, 0.0, 1.0] and metrics["reward/timeouts"] == 1.0
     assert os.getpid() not in extra["pid"]
