@@ -114,9 +114,18 @@ def rollout_engine_kwargs(cfg: RootConfig) -> dict:
         enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
         enable_prefix_caching=r.enable_prefix_caching, disable_log_stats=r.disable_log_stats,
         load_format="dummy" if r.load_format.startswith("dummy") else r.load_format,
-        vllm_engine_kwargs=dict(r.engine_kwargs.vllm), free_cache_engine=r.free_cache_engine, seed=cfg.trainer.seed,
+        vllm_engine_kwargs=_vllm_engine_kwargs(r), free_cache_engine=r.free_cache_engine, seed=cfg.trainer.seed,
         hf_overrides=dict(cfg.actor_rollout_ref.model.override_config),  # vLLM builds the actor's model
         speculative=dataclasses.asdict(r.speculative), multi_turn=multi_turn_settings(cfg))
+
+
+def _vllm_engine_kwargs(r) -> dict:
+    """``rollout.engine_kwargs.vllm``, plus the priority policy that reallocation's
+    ``adopted_first`` starts moved samples with (equal priorities keep first come, first served)."""
+    kwargs = dict(r.engine_kwargs.vllm)
+    if r.reallocation.enable and r.reallocation.adopted_first:
+        kwargs.setdefault("scheduling_policy", "priority")
+    return kwargs
 
 
 def multi_turn_settings(cfg: RootConfig) -> dict:

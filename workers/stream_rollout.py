@@ -96,15 +96,16 @@ class StreamingRollout:
         return partials if self.rollout.is_collect else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_adopt(self, partials: list) -> int:
+    def stream_adopt(self, partials: list, first: bool = False) -> int:
         """Go on with samples another rank exported, in this rank's session (opened, with no prompts
         of its own, when none is: also after this rank's own session ended). Every rank of the TP
-        group takes the same list. Returns how many."""
+        group takes the same list. ``first``: ahead of this rank's own waiting samples
+        (``VLLMStream.adopt``). Returns how many."""
         spans.relabel(self._stream_stage)
         with self._stream_timed():
             if self._stream is None:
                 self._open_stream()
-            return self._stream_call(self._stream.adopt, list(partials or []))
+            return self._stream_call(self._stream.adopt, list(partials or []), bool(first))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stream_metrics(self) -> dict:

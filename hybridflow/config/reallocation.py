@@ -41,6 +41,13 @@ class ReallocationConfig:
     move_started: bool = key(False, "also move samples that have generated tokens (the receiver recomputes their "
                                     "KV cache over prompt + prefix); false: move only samples still queued for a "
                                     "place in the busiest rank's engine batch, which cost nothing to move")
+    # true: measured on the long-tail bench where the busier rank queues (max_num_seqs=32, greedy, 5 repetitions
+    # in one process): 0.706 of plain against 0.733 first come first served at threshold 0.25, 0.693 against
+    # 0.742 at 0.1; faster in 8 of the 10 paired runs (docs/benchmarks.md, sample reallocation, 2026-11-30 evening)
+    adopted_first: bool = key(True, "a moved sample starts on its new rank before that rank's own samples still "
+                                    "waiting for a place in its engine batch (vLLM's scheduling_policy=priority, "
+                                    "which the rollout engines are then built with; the same order as first come, "
+                                    "first served for everything else). false: it waits behind them")
     deal_by_length: bool = key(True, "deal each step's prompts to the ranks by the length of their answers when they "
                                      "were last generated (an earlier epoch): sorted, alternately, longest first "
                                      "(hybridflow/controller/length_deal.py); prompts not seen yet count as "

@@ -287,4 +287,9 @@ def reallocation_errors(cfg) -> list[str]:
     if cfg.stage_fusion.enable:
         errors.append(f"{key} and stage_fusion.enable=true: the fused rollout moves its tail by "
                       "stage_fusion.migrate_below and does not reallocate: set one of the two to false")
+    policy = arr.rollout.engine_kwargs.vllm.get("scheduling_policy", "priority")
+    if arr.rollout.reallocation.adopted_first and policy != "priority":
+        errors.append(f"{ARR}.rollout.reallocation.adopted_first=true starts moved samples first by vLLM's priority "
+                      f"policy, and {ARR}.rollout.engine_kwargs.vllm.scheduling_policy={policy}: drop that key, "
+                      "or set adopted_first=false")
     return errors

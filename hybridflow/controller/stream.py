@@ -102,7 +102,8 @@ class GenerationStream:
     """``prompts``' generation on ``group``'s rollout ranks, as chunks of finished samples."""
 
     def __init__(self, group, prompts: DataProto, n: int | None = None, slice_s: float = 0.05,
-                 rebalance: float | None = None, lengths=None, move_started: bool = False):
+                 rebalance: float | None = None, lengths=None, move_started: bool = False,
+                 adopted_first: bool = False):
         """``n`` samples per prompt: the argument, else ``prompts.meta_info["n"]`` (one of them is
         needed: the row indices depend on it, and the workers' default is their config's).
         ``rebalance``: sample reallocation's threshold in (0, 1) (module docstring), None: off.
@@ -110,7 +111,8 @@ class GenerationStream:
         earlier epoch; the prompts are then dealt by it (``deal_by_length``) instead of in the
         contiguous shares a group call makes. ``move_started``: reallocation may also move
         samples that have generated tokens (the receiver recomputes their prefix); False: only
-        samples still queued for a place in the engine's batch."""
+        samples still queued for a place in the engine's batch. ``adopted_first``: a move's samples
+        start on the receiver before its own waiting ones (its engines need vLLM's priority policy)."""
         if n is None and "n" not in prompts.meta_info:
             raise ValueError("GenerationStream: say how many samples per prompt, as n=... or meta_info['n']")
         n = int(prompts.meta_info["n"] if n is None else n)
@@ -130,7 +132,7 @@ class GenerationStream:
         self.moved = 0
         if rebalance is not None and not 0 < rebalance < 1:  # 1 and above: the gap never exceeds it
             raise ValueError(f"GenerationStream: rebalance={rebalance} must be a fraction in (0, 1), or None")
-        self.rebalance, self.move_started = rebalance, move_started
+        self.rebalance, self.move_started, self.adopted_first = rebalance, move_started, adopted_first
         self.reallocated = self.reallocations = 0  # samples moved by reallocation, and the moves
         self.reallocated_tokens = 0  # the tokens those samples had generated: the receivers recompute their KV
         self._moving = False  # a reallocation's export or adopt is queued and not handled yet
@@ -326,7 +328,7 @@ class GenerationStream:
             target = source
         if not target.open:  # its generation ended: the adopt opens a new session on its engine
             target.open, target.closed_at, target.unfinished = True, None, 0
-        self._queue(target, "stream_adopt", partials)
+        self._queue(target, "stream_adopt", partials, self.adopted_first)
         self._top_up(target)
         self.reallocated += len(partials)
         self.reallocated_tokens += sum(len(p.token_ids) for p in partials)

@@ -72,7 +72,7 @@ def generate(actor, gen_in: DataProto, n: int, reallocation, lengths: AnswerLeng
     expected = lengths.expected(gen_in) if lengths is not None and reallocation.deal_by_length else None
     stream = GenerationStream(actor, gen_in, n=n, slice_s=reallocation.slice_s,
                               rebalance=rebalance_threshold(reallocation, expected), lengths=expected,
-                              move_started=reallocation.move_started)
+                              move_started=reallocation.move_started, adopted_first=reallocation.adopted_first)
     for _ in stream:  # the chunks are kept by the stream; batch() puts them in row order
         pass
     out = stream.batch()

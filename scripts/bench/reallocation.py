@@ -21,7 +21,8 @@ and short one to each rank: a deal balanced from the start, the mark reallocatio
 move and no stream),
 ``stream`` (``GenerationStream`` without rebalancing: the stream's own cost), ``reallocated``
 (``GenerationStream(rebalance=--threshold)``, queued samples moved, or running ones too with
-``--move-started``: what the trainer does with ``rollout.reallocation.enable`` in its first epoch) and ``dealt`` (the prompts dealt by their
+``--move-started``, started on the receiver before its own waiting samples unless
+``--adopted-last``: what the trainer does with ``rollout.reallocation.enable`` in its first epoch) and ``dealt`` (the prompts dealt by their
 warm-up answers' lengths: what it does from the second epoch on, ``deal_by_length``; every length
 known, so no sample moves: ``rebalance_threshold``). Prints
 one JSON: the times and their medians, the ratios reallocated / plain (the issue's goal: <= 0.7),
@@ -63,6 +64,8 @@ def parse_args(argv):
     p.add_argument("--response-length", type=int, default=256)
     p.add_argument("--max-num-seqs", type=int, default=32, help="rollout.max_num_seqs: sequences an engine runs at once")
     p.add_argument("--move-started", action="store_true", help="rollout.reallocation.move_started=true")
+    p.add_argument("--adopted-last", action="store_true",
+                   help="rollout.reallocation.adopted_first=false: moved samples wait behind the receiver's own")
     p.add_argument("--threshold", type=float, default=0.25, help="rollout.reallocation.threshold")
     p.add_argument("--slice-s", type=float, default=0.1, help="rollout.reallocation.slice_s")
     p.add_argument("--reps", type=int, default=5)
@@ -85,6 +88,9 @@ def _config(args, paths: dict):
         "actor_rollout_ref.actor.use_kl_loss=false", f"trainer.n_gpus_per_node={args.workers}",
         "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
         f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
+        # the engines as the trainer builds them for reallocation (adopted_first: vLLM's priority policy)
+        "actor_rollout_ref.rollout.reallocation.enable=true",
+        f"actor_rollout_ref.rollout.reallocation.adopted_first={not args.adopted_last}",
         f"trainer.default_local_dir={work}", *args.overrides])
 
 
@@ -132,7 +138,7 @@ def _stream(actor, batch, args, rebalance, lengths=None):
     from hybridflow.controller.stream import ROW_INDEX, GenerationStream
 
     stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance, lengths=lengths,
-                              move_started=args.move_started)
+                              move_started=args.move_started, adopted_first=not args.adopted_last)
     for _ in stream:
         pass
     out = stream.batch()
@@ -175,7 +181,7 @@ def measure(argv) -> dict:
 
     args = parse_args(argv)
     realloc = ReallocationConfig(enable=True, threshold=args.threshold, slice_s=args.slice_s,
-                                 move_started=args.move_started)
+                                 move_started=args.move_started, adopted_first=not args.adopted_last)
     start, load = time.perf_counter(), os.getloadavg()[0]
     built = build_longtail_assets(REPO)
     paths = {"model": os.path.abspath(args.model or built["model"]), "data": os.path.abspath(args.data or built["data"])}
@@ -226,7 +232,7 @@ def measure(argv) -> dict:
         "setting": {"model": paths["model"], "data": paths["data"], "workers": args.workers, "per_rank": half,
                     "long_per_rank": [args.long_ratio * k, k], "long_min_tokens": long_min,
                     "response_length": args.response_length, "max_num_seqs": args.max_num_seqs,
-                    "move_started": args.move_started, "threshold": args.threshold, "slice_s": args.slice_s,
+                    "move_started": args.move_started, "adopted_first": not args.adopted_last, "threshold": args.threshold, "slice_s": args.slice_s,
                     "reps": args.reps, "greedy": True, "overrides": args.overrides, "cpus": os.cpu_count(),
                     "cpu": _cpu(), "rollout_dtype": cfg.actor_rollout_ref.rollout.dtype,
                     "load_avg_1m_at_start": load},

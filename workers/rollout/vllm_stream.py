@@ -180,9 +180,14 @@ class VLLMStream:
         self.exported += len(partials)
         return sorted(partials, key=lambda p: p.row_index)
 
-    def adopt(self, partials: list[Partial]) -> int:
+    def adopt(self, partials: list[Partial], first: bool = False) -> int:
         """Go on with samples another engine exported (prompt + prefix, max_tokens = what is left).
-        Returns the number of samples taken."""
+        ``first``: they start before this engine's own waiting samples (vLLM's priority policy,
+        which the engine must have been built with: ``scheduling_policy="priority"``); else they
+        wait behind them (first come, first served). Returns the number of samples taken."""
+        if first and not self._priority_policy():
+            raise ValueError("VLLMStream.adopt(first=True) needs an engine built with scheduling_policy='priority' "
+                             "(rollout.reallocation.adopted_first sets it)")
         self._check_open()
         requests, params, samples = [], [], []
         now = time.perf_counter()
@@ -197,7 +202,7 @@ class VLLMStream:
             params.append(_sampling_params(p.settings, p.tokens_left))
             samples.append(sample)
         if requests:
-            self._enqueue(requests, params, samples)
+            self._enqueue(requests, params, samples, priority=[-1] * len(requests) if first else None)
         self.adopted += len(partials)
         return len(partials)
 
@@ -242,8 +247,11 @@ class VLLMStream:
     def _eager(self):
         return contextlib.nullcontext() if self.rollout._on_gpu else torch.compiler.set_stance("force_eager")
 
-    def _enqueue(self, requests: list[dict], params, samples: list[_Sample]) -> None:
-        internal = self.llm.enqueue(requests, params, use_tqdm=False)
+    def _priority_policy(self) -> bool:
+        return str(self.engine.vllm_config.scheduler_config.policy) == "priority"
+
+    def _enqueue(self, requests: list[dict], params, samples: list[_Sample], priority=None) -> None:
+        internal = self.llm.enqueue(requests, params, priority=priority, use_tqdm=False)
         if len(internal) != len(samples):
             raise RuntimeError(f"vLLM enqueued {len(internal)} requests for {len(samples)} samples")
         # enqueue returns vLLM's internal ids; a step's outputs, and abort, use the external ones

@@ -37,3 +37,19 @@ def test_threshold_is_a_fraction(value):
 def test_slice_is_positive():
     msg = error_of(grpo(actor_rollout_ref__rollout__reallocation__slice_s=0), check_paths=False)
     assert "reallocation.slice_s" in msg and "> 0" in msg, msg
+
+
+def test_adopted_first_builds_the_engines_with_vllms_priority_policy():
+    from recipes.engine_settings import rollout_engine_kwargs
+
+    def policy(**kw):
+        return rollout_engine_kwargs(grpo(**kw))["vllm_engine_kwargs"].get("scheduling_policy")
+
+    assert load_config({}).actor_rollout_ref.rollout.reallocation.adopted_first
+    assert policy(**ON) == "priority"
+    assert policy() is None  # reallocation off: vLLM's default (first come, first served)
+    assert policy(**ON, actor_rollout_ref__rollout__reallocation__adopted_first=False) is None
+    fcfs = dict(actor_rollout_ref__rollout__engine_kwargs__vllm={"scheduling_policy": "fcfs"})
+    msg = error_of(grpo(**ON, **fcfs), check_paths=False)
+    assert "reallocation.adopted_first=true" in msg and "scheduling_policy=fcfs" in msg and "adopted_first=false" in msg, msg
+    validate(grpo(**ON, **fcfs, actor_rollout_ref__rollout__reallocation__adopted_first=False), check_paths=False)

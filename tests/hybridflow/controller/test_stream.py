@@ -39,7 +39,8 @@ def group(ray_cluster, tmp_path_factory):
     ckpt = make_tiny_checkpoint(str(tmp_path_factory.mktemp("stream") / "model"), seed=0)
     settings = RolloutWorkerSettings(model_path=ckpt, rollout=RolloutConfig(
         prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, kv_cache_gib=0.125, seed=0, dtype="float32",
-        max_num_seqs=MAX_NUM_SEQS))
+        # as the recipe builds them with reallocation.adopted_first (moved samples start first)
+        max_num_seqs=MAX_NUM_SEQS, vllm_engine_kwargs={"scheduling_policy": "priority"}))
     pool = ResourcePool([2], cpus_per_slot=1, name_prefix="stream", ready_timeout_s=60)
     workers = RayWorkerGroup(pool, create_colocated_worker_cls({"rollout": RayClassWithInitArgs(RolloutWorker, settings)}),
                              name_prefix="stream", timeout_s=240).spawn(["rollout"])["rollout"]

@@ -10,6 +10,7 @@ and with an export of only the samples not started yet;
 stop tokens end rows early. Sampled with a move: each row's log-probs equal a transformers
 forward of its tokens.
 """
+import dataclasses
 import os
 
 import numpy as np
@@ -54,10 +55,13 @@ def _run(stream, max_steps: int, calls: int | None = None) -> list:
 def _stream_worker(rank, world, path):
     from workers.rollout.base import RolloutConfig
     from workers.rollout.vllm_rollout import VLLMRollout
-    from workers.rollout.vllm_stream import VLLMStream
+    from workers.rollout.vllm_stream import VLLMStream, _generated
 
     config = RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, kv_cache_gib=0.25, seed=0)
     a, b = VLLMRollout(config, path), VLLMRollout(config, path)
+    # c runs 2 sequences at once under vLLM's priority policy: samples wait there for a place
+    c = VLLMRollout(dataclasses.replace(config, max_num_seqs=2, vllm_engine_kwargs={"scheduling_policy": "priority"}),
+                    path)
     res = {"reference": _np(a.generate_sequences(_prompts(path, GREEDY)))}
 
     # no move, slices of 3 steps
@@ -129,6 +133,32 @@ def _stream_worker(rank, world, path):
     sb.adopt(partials)
     res["unstarted"] += _run(sb, 3) + _run(sa, 3)
     sa.close(), sb.close()
+
+    # adopted first: c runs rows 0-1 and queues 2-3, then adopts rows 4-5 (queued on a, never
+    # started there); with first=True they take c's next places, else they wait behind 2-3
+    res["first_order"] = {}
+    for first in (True, False):
+        sc, sa = VLLMStream(c), VLLMStream(a)
+        sc.start(full[:4])
+        order, rows = [], []
+        while sc.unfinished:
+            got, _, _ = sc.step(1)
+            rows += [] if got is None else [_np(got)]
+            if sc.adopted == 0:  # after c's first step
+                sa.start(full[4:6])
+                sc.adopt(sa.export(None, unstarted_only=True), first=first)
+                sa.close()
+            started = sorted({int(r) for part in rows for r in part["row_index"]}
+                             | {s.row_index for r, s in sc._samples.items() if _generated(s, sc._state(r)) > 0})
+            order += [r for r in started if r not in order]
+        res["first_order"][first], res[f"first_rows_{first}"] = order, rows
+        sc.close()
+    probe = VLLMStream(a)
+    try:
+        probe.adopt([], first=True)
+    except ValueError as e:
+        res["first_on_fcfs"] = str(e)
+    probe.close()
 
     # sampled, with a move in the middle
     sa, sb = VLLMStream(a), VLLMStream(b)
@@ -218,3 +248,16 @@ def test_sampled_log_probs_after_a_move_match_transformers(spawned):
     batch = DataProto.from_dict({k: torch.from_numpy(v) for k, v in got.items() if not k.startswith("nt:")})
     torch.testing.assert_close(batch.batch["rollout_log_probs"], reference_log_probs(load_hf(path), batch),
                                atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_adopted_first_starts_moved_samples_before_the_receivers_waiting_ones(spawned):
+    _, res = spawned
+    ahead, behind = res["first_order"][True], res["first_order"][False]
+    assert ahead[:2] == behind[:2] == [0, 1]  # the 2 places c had
+    assert set(ahead[2:4]) == {4, 5} and set(behind[2:4]) == {2, 3}
+    for first in (True, False):
+        got = _joined(res[f"first_rows_{first}"])
+        np.testing.assert_array_equal(got["row_index"], np.arange(6))
+        np.testing.assert_array_equal(got["responses"], res["reference"]["responses"][:6])
+    assert "scheduling_policy='priority'" in res["first_on_fcfs"]
