@@ -88,8 +88,12 @@ def _config(args, paths: dict):
         "actor_rollout_ref.actor.use_kl_loss=false", f"trainer.n_gpus_per_node={args.workers}",
         "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
         f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}",
-        # the engines as the trainer builds them for reallocation (adopted_first: vLLM's priority policy)
+        # the settings the streams run with, and the engines as the trainer builds them for them
+        # (adopted_first: vLLM's priority policy)
         "actor_rollout_ref.rollout.reallocation.enable=true",
+        f"actor_rollout_ref.rollout.reallocation.threshold={args.threshold}",
+        f"actor_rollout_ref.rollout.reallocation.slice_s={args.slice_s}",
+        f"actor_rollout_ref.rollout.reallocation.move_started={args.move_started}",
         f"actor_rollout_ref.rollout.reallocation.adopted_first={not args.adopted_last}",
         f"trainer.default_local_dir={work}", *args.overrides])
 
@@ -134,11 +138,12 @@ def _deal(args, lengths, candidates):
     return rank0 + rank1, even, threshold, k
 
 
-def _stream(actor, batch, args, rebalance, lengths=None):
+def _stream(actor, batch, realloc, rebalance, lengths=None):
+    """``realloc``: the config's ``rollout.reallocation`` section; ``rebalance``: None or its threshold."""
     from hybridflow.controller.stream import ROW_INDEX, GenerationStream
 
-    stream = GenerationStream(actor, batch, n=1, slice_s=args.slice_s, rebalance=rebalance, lengths=lengths,
-                              move_started=args.move_started, adopted_first=not args.adopted_last)
+    stream = GenerationStream(actor, batch, n=1, slice_s=realloc.slice_s, rebalance=rebalance, lengths=lengths,
+                              move_started=realloc.move_started, adopted_first=realloc.adopted_first)
     for _ in stream:
         pass
     out = stream.batch()
@@ -173,19 +178,17 @@ def measure(argv) -> dict:
     import ray
     import torch
 
-    from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.protocol import DataProto
     from hybridflow.trainer.async_rollout import generation_request
     from hybridflow.trainer.reallocated_rollout import rebalance_threshold
     from workloads.count_model import build_longtail_assets
 
     args = parse_args(argv)
-    realloc = ReallocationConfig(enable=True, threshold=args.threshold, slice_s=args.slice_s,
-                                 move_started=args.move_started, adopted_first=not args.adopted_last)
     start, load = time.perf_counter(), os.getloadavg()[0]
     built = build_longtail_assets(REPO)
     paths = {"model": os.path.abspath(args.model or built["model"]), "data": os.path.abspath(args.data or built["data"])}
     cfg = _config(args, paths)
+    realloc = cfg.actor_rollout_ref.rollout.reallocation
     inputs, groups, pools = _groups(cfg)
     actor = groups["actor_rollout_ref"]
     try:
@@ -207,10 +210,10 @@ def measure(argv) -> dict:
             t0 = time.perf_counter()
             actor.generate_sequences(even)
             runs["even"].append(time.perf_counter() - t0)
-            for name, rebalance, lengths in (("stream", None, None), ("reallocated", args.threshold, None),
+            for name, rebalance, lengths in (("stream", None, None), ("reallocated", realloc.threshold, None),
                                              ("dealt", rebalance_threshold(realloc, known), known)):
                 t0 = time.perf_counter()
-                got, stream, finished = _stream(actor, batch, args, rebalance, lengths)
+                got, stream, finished = _stream(actor, batch, realloc, rebalance, lengths)
                 runs[name].append(time.perf_counter() - t0)
                 rank_finish[name].append([round(f, 3) for f in finished])
                 same &= all(torch.equal(got.batch[key], want.batch[key]) for key in ("responses", "response_mask"))
@@ -232,7 +235,8 @@ def measure(argv) -> dict:
         "setting": {"model": paths["model"], "data": paths["data"], "workers": args.workers, "per_rank": half,
                     "long_per_rank": [args.long_ratio * k, k], "long_min_tokens": long_min,
                     "response_length": args.response_length, "max_num_seqs": args.max_num_seqs,
-                    "move_started": args.move_started, "adopted_first": not args.adopted_last, "threshold": args.threshold, "slice_s": args.slice_s,
+                    "move_started": realloc.move_started, "adopted_first": realloc.adopted_first,
+                    "threshold": realloc.threshold, "slice_s": realloc.slice_s,
                     "reps": args.reps, "greedy": True, "overrides": args.overrides, "cpus": os.cpu_count(),
                     "cpu": _cpu(), "rollout_dtype": cfg.actor_rollout_ref.rollout.dtype,
                     "load_avg_1m_at_start": load},
