@@ -59,19 +59,22 @@ class StreamingRollout:
         """Up to ``max_steps`` engine steps. Returns {rows: the samples finished since the last call
         (DataProto with generate_sequences' columns + row_index) or None (none, or not the TP
         group's collect rank), unfinished: int, unstarted: int (of them, those with no token
-        generated yet), steps: int, seconds: float, done: bool}; with done
+        generated yet), progress: [(row_index, tokens generated, max_tokens)] of the unfinished
+        ones (VLLMStream.progress; None off the collect rank), steps: int, seconds: float, done:
+        bool}; with done
         (nothing unfinished: the session is closed) also metrics: dict. No open session: done."""
         spans.relabel(self._stream_stage)
         t0 = time.perf_counter()
         if self._stream is None:
-            return {"rows": None, "unfinished": 0, "unstarted": 0, "steps": 0, "seconds": 0.0, "done": True,
-                    "metrics": {}}
+            return {"rows": None, "unfinished": 0, "unstarted": 0, "progress": [], "steps": 0, "seconds": 0.0,
+                    "done": True, "metrics": {}}
         with self._stream_timed():
             rows, left, steps = self._stream_call(self._stream.step, int(max_steps))
             if rows is not None:
                 self._stream_rows(rows)
         out = {"rows": rows if self.rollout.is_collect else None, "unfinished": left, "steps": steps,
-               "unstarted": self._stream.unstarted, "seconds": time.perf_counter() - t0, "done": left == 0}
+               "unstarted": self._stream.unstarted, "seconds": time.perf_counter() - t0, "done": left == 0,
+               "progress": self._stream.progress() if self.rollout.is_collect else None}
         if left == 0:
             out["metrics"] = self._close_stream()
         return out

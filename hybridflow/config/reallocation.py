@@ -1,8 +1,9 @@
 """``actor_rollout_ref.rollout.reallocation``: RLHFSpec's sample reallocation.
 Generation is streamed (hybridflow/controller/stream.py, ``GenerationStream``): every
-``slice_s`` of engine steps each generation data-parallel rank reports its unfinished samples, and
-when the busiest rank's exceed the idlest's by more than ``threshold`` of the busiest's, about half
-the difference moves from the busiest to the idlest (prompt + tokens so far; the receiver
+``slice_s`` of engine steps each generation data-parallel rank reports its unfinished samples'
+progress, and when the busiest rank's remaining work (estimated tokens: GenerationStream._work)
+exceeds the idlest's by more than ``threshold`` of the busiest's, about half the difference moves
+from the busiest to the idlest (prompt + tokens so far; the receiver
 recomputes their KV cache), so the ranks finish together rather than waiting for the one that was
 dealt the long samples. With ``deal_by_length`` the prompts are dealt by their answers' length at
 their last generation, so a rank is seldom dealt the long ones in the first place, and a step whose
@@ -29,8 +30,9 @@ class ReallocationConfig:
     # 0.25 and 0.1 s: the best of (threshold, slice_s) in {0.5, 0.25} x {0.05, 0.1, 0.2} tried on the long-tail
     # bench (scripts/bench/reallocation.py, 2-core CPU; runs differ by about 5%): a lower threshold moves as
     # soon as the short answers of the lighter rank end, a longer slice costs the stream fewer calls
-    threshold: float = key(0.25, "move when the busiest rank's unfinished samples exceed the idlest's by more than "
-                                 "this fraction of the busiest's; about half the difference moves", FRACTION)
+    threshold: float = key(0.25, "move when the busiest rank's remaining work (estimated tokens) exceeds the "
+                                 "idlest's by more than this fraction of the busiest's; about half the difference "
+                                 "moves", FRACTION)
     slice_s: float = key(0.1, "seconds of engine steps a rank runs between reports (and reallocation checks)",
                          GREATER_THAN_0)
     # false: measured on the long-tail bench where the busier rank queues (max_num_seqs=32, greedy, 4 repetitions

@@ -23,8 +23,9 @@ exceeds the idlest's by more than ``threshold`` of the busiest's, moves about ha
 from the busiest to the idlest (a replica whose generation ended included: its engine opens a new
 session), so the ranks finish together instead of waiting for the one that was dealt the long
 samples. By default only samples still queued (no token generated: the busiest rank's engine
-had no place for them yet) move, at most as many as it reported; ``move_started=True`` moves
-running ones too. ``Replica.work`` says how work is measured and what differs from RLHFSpec.
+had no place for them yet) move; ``move_started=True`` moves running ones too.
+``GenerationStream._work`` says how work is estimated (remaining_work.py) and what differs from
+RLHFSpec.
 
 What differs from a plain group call: prompts are split over the generation data-parallel ranks
 without padding (rows are identified by index, so unequal shares need no filler), and each rank
@@ -41,6 +42,7 @@ import ray
 import torch
 
 from hybridflow.controller.length_deal import deal_by_length
+from hybridflow.controller.remaining_work import mean_lengths, move_count, remaining
 from hybridflow.protocol import DataProto
 
 ROW_INDEX = "row_index"
@@ -66,24 +68,15 @@ class Replica:
         self.open = False  # a generation session is running on its engine
         self.unfinished = 0
         self.unstarted = 0  # of them, those with no token generated yet (as of the last slice)
+        # (row_index, tokens generated, max_tokens) of each unfinished sample, as of the last slice;
+        # None: not reported (no slice yet, or a worker that does not report it)
+        self.progress: list[tuple[int, int, int]] | None = None
         self.step_s = None  # the last slice's seconds per engine step
         self.closed_at: float | None = None  # the controller's clock when its generation ended
         self.metrics: dict = {}
         self.retired = False  # migrate() freed its ranks: reallocation moves nothing onto it
         self.export_to: deque[Replica] = deque()  # where each reallocation export queued here goes
         self.settled = True  # a slice's count came back since the last reallocation touched it
-
-    @property
-    def work(self) -> int:
-        """Remaining work: the unfinished samples as of the last handled call. Why a count: a
-        decode step's cost grows with the sequences it runs (and no sample's remaining length is
-        known before it ends), so a replica holding more unfinished samples has slower steps, and
-        the samples that are left are those still running. What differs from RLHFSpec, which
-        moves running requests between generation instances by their load: the load here is only
-        this count (no per-request cost or length estimate), it is read between slices (a slice
-        late), and a moved sample's KV cache is not sent but recomputed by the receiver (prompt +
-        prefix in one prefill, which is why the sender picks the shortest prefixes)."""
-        return self.unfinished if self.open else 0
 
     def queued(self, method: str) -> int:
         return sum(m == method for m, _ in self.calls)
@@ -146,6 +139,10 @@ class GenerationStream:
             bounds = np.linspace(0, len(prompts), len(self.replicas) + 1).round().astype(int)
             shares = [list(range(lo, hi)) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
         self.dealt = shares  # prompt indices per replica
+        # each row's dealt replica, and per dealt replica its finished samples' tokens and count: the
+        # remaining-work estimate (_work) judges a sample by the answers of the prompts dealt with it
+        self._origin = {p * n + j: k for k, share in enumerate(shares) for p in share for j in range(n)}
+        self._finished_tokens, self._finished_count = [0] * len(shares), [0] * len(shares)
         for replica, share in zip(self.replicas, shares):
             replica.open, replica.unfinished = len(share) > 0, len(share) * n
             if not replica.open:  # fewer prompts than replicas: it holds no rank
@@ -229,11 +226,14 @@ class GenerationStream:
             replica.step_s = result["seconds"] / result["steps"]
             replica.unfinished = int(result["unfinished"])
             replica.unstarted = int(result.get("unstarted", 0))
+            if result.get("progress") is not None:
+                replica.progress = [tuple(p) for p in result["progress"]]
         if result["done"] and result.get("metrics"):
             replica.metrics = _merged_sessions(replica.metrics, result["metrics"])
         # done with an adopt queued behind: the adopt opens a new session on that engine
         if result["done"] and replica.open and not replica.queued("stream_adopt"):
             replica.open, replica.closed_at, replica.unfinished = False, time.perf_counter(), 0
+            replica.progress = []
         return self._keep(result["rows"])
 
     def _keep(self, rows) -> list[DataProto]:
@@ -241,6 +241,10 @@ class GenerationStream:
             return []
         self.finished_at += [time.perf_counter()] * len(rows)
         self.chunks.append(rows)
+        for row, length in zip(rows.batch[ROW_INDEX].tolist(), rows.batch["response_mask"].sum(-1).tolist()):
+            origin = self._origin[row]
+            self._finished_tokens[origin] += length
+            self._finished_count[origin] += 1
         return [rows]
 
     def wait(self, timeout_s: float | None = None) -> list[DataProto]:
@@ -294,23 +298,49 @@ class GenerationStream:
         return new
 
     # ------------------------------------------------------------------ sample reallocation
+    def _mean_lengths(self) -> list[float]:
+        """Per dealt replica, its samples' expected answer length (remaining_work.mean_lengths)."""
+        unfinished = (p for r in self.replicas if r.open for p in r.progress or [])
+        return mean_lengths(self._finished_tokens, self._finished_count, unfinished, self._origin)
+
+    def _work(self, replica: Replica, means: list[float], counted: bool) -> float:
+        """Remaining work: the expected tokens its unfinished samples have still to generate
+        (hybridflow/controller/remaining_work.py says how, and why not a count). ``counted``: while
+        an open replica has not reported its progress (no slice yet, or a worker that does not
+        report it), every replica's work is its count of unfinished samples. What differs from
+        RLHFSpec, which moves running requests between generation instances by their load: the
+        load is read between slices (a slice late), and a moved sample's KV cache is not sent but
+        recomputed by the receiver (prompt + prefix in one prefill, which is why the sender picks
+        the shortest prefixes)."""
+        if not replica.open:
+            return 0.0
+        return float(replica.unfinished) if counted else sum(remaining(replica.progress, means, self._origin))
+
     def _reallocate(self) -> None:
-        """Move about half the work difference from the busiest replica to the idlest when it
-        exceeds ``rebalance`` of the busiest's. Hysteresis: a move is decided on fresh counts only
-        (none in flight, and both replicas have reported a slice since the last move touched them)
-        and evens the two out, so the next one needs the difference to grow past the threshold
-        again; a count that lags (slices already queued on the busiest still run before its
-        export) makes at most that move's size differ, never the direction."""
+        """Move about half the work difference (``_work``) from the busiest replica to the idlest
+        when it exceeds ``rebalance`` of the busiest's. Hysteresis: a move is decided on fresh
+        reports only (none in flight, and both replicas have reported a slice since the last move
+        touched them) and evens the two out, so the next one needs the difference to grow past the
+        threshold again; a report that lags (slices already queued on the busiest still run
+        before its export) makes at most that move's size differ, never the direction."""
         if self._moving:
             return
         candidates = [r for r in self.replicas if not r.retired and (r.settled or not r.open)]
-        busiest = max(candidates, key=lambda r: r.work, default=None)
-        idlest = min(candidates, key=lambda r: r.work, default=None)
+        means = self._mean_lengths()
+        counted = any(r.open and r.progress is None for r in candidates)
+        work = {id(r): self._work(r, means, counted) for r in candidates}
+        busiest = max(candidates, key=lambda r: work[id(r)], default=None)
+        idlest = min(candidates, key=lambda r: work[id(r)], default=None)
         if busiest is None or busiest is idlest or not busiest.open:
             return
-        gap = busiest.work - idlest.work
-        count = gap // 2 if self.move_started else min(gap // 2, busiest.unstarted)
-        if count < 1 or gap <= self.rebalance * busiest.work:
+        gap = work[id(busiest)] - work[id(idlest)]
+        if gap <= self.rebalance * work[id(busiest)]:
+            return
+        if counted:  # half the count difference
+            count = int(gap // 2) if self.move_started else min(int(gap // 2), busiest.unstarted)
+        else:
+            count = move_count(busiest.progress, means, self._origin, gap, self.move_started)
+        if count < 1:
             return
         self._moving, busiest.settled, idlest.settled = True, False, False
         busiest.export_to.append(idlest)
@@ -321,6 +351,8 @@ class GenerationStream:
     def _exported(self, source: Replica, partials: list) -> None:
         target = source.export_to.popleft()
         source.unfinished = max(0, source.unfinished - len(partials))
+        gone = {int(p.row_index) for p in partials}
+        source.progress = [p for p in source.progress or [] if p[0] not in gone]
         if not partials:  # the source finished them meanwhile
             self._moving = False
             return
