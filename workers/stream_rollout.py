@@ -61,8 +61,8 @@ class StreamingRollout:
         group's collect rank), unfinished: int, unstarted: int (of them, those with no token
         generated yet), progress: [(row_index, tokens generated, max_tokens)] of the unfinished
         ones (VLLMStream.progress; None off the collect rank), steps: int, seconds: float, done:
-        bool}; with done
-        (nothing unfinished: the session is closed) also metrics: dict. No open session: done."""
+        bool}; with done (nothing unfinished: the session is closed) also metrics: dict. No open
+        session: done."""
         spans.relabel(self._stream_stage)
         t0 = time.perf_counter()
         if self._stream is None:

@@ -42,6 +42,15 @@ def _drain(worker, max_steps: int, calls: int | None = None) -> tuple[list, dict
     while not last.get("done") and (calls is None or calls > 0):
         last = worker.stream_step(max_steps)
         assert last["steps"] <= max_steps and isinstance(last["seconds"], float)
+        # a TP=1 engine's rank is its collect rank: it reports each unfinished sample's progress
+        # (row, tokens so far, max_tokens), which sample reallocation's estimate reads
+        progress = last["progress"]
+        if worker.rollout.is_collect:
+            assert len(progress) == last["unfinished"], (progress, last["unfinished"])
+            assert sum(tokens == 0 for _, tokens, _ in progress) == last["unstarted"]
+            assert all(0 <= tokens <= cap == RESPONSE_LEN for _, tokens, cap in progress), progress
+        else:
+            assert progress is None
         if last["rows"] is not None:
             rows.append(_np(last["rows"]))
         calls = None if calls is None else calls - 1

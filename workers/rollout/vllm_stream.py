@@ -213,7 +213,7 @@ class VLLMStream:
     def progress(self) -> list[tuple[int, int, int]]:
         """(row_index, tokens generated so far on any engine, the sample's max_tokens) of each
         unfinished sample: what sample reallocation estimates a rank's remaining work from
-        (hybridflow/controller/stream.py); 0 tokens: still waiting for a place in the batch."""
+        (hybridflow/controller/remaining_work.py); 0 tokens: still waiting for a place in the batch."""
         return [(sample.row_index, _generated(sample, self._state(request_id)), sample.settings.max_tokens)
                 for request_id, sample in self._samples.items()]
 

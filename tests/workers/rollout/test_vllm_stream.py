@@ -111,11 +111,13 @@ def _stream_worker(rank, world, path):
     states = a.llm.llm_engine.output_processor
     held = {s.row_index: len(states.request_states[states.external_req_ids[r][0]].detokenizer.output_token_ids)
             for r, s in sa._samples.items()}  # tokens so far of each unfinished sample
+    res["partial_progress"] = sa.progress()  # what reallocation's estimate reads (the same, by row)
     partials = sa.export(3)
     res["partial_held"], res["partial_exported"] = held, [(p.row_index, len(p.token_ids)) for p in partials]
     res["partial_left"] = sa.unfinished
     sb = VLLMStream(b)
     sb.adopt(partials)
+    res["adopted_progress"] = sb.progress()  # an adopted sample's tokens include those made on a
     res["partial"] += _run(sb, 2) + _run(sa, 2)
     sa.close(), sb.close()
 
@@ -228,6 +230,11 @@ def test_a_partial_export_moves_the_shortest_prefixes_and_changes_nothing(spawne
     assert [row for row, _ in exported] == sorted(want)
     assert len({held[row] for row in held}) > 1  # the samples held differed in age: the choice mattered
     assert all(tokens == held[row] for row, tokens in exported)
+    # progress, which sample reallocation estimates remaining work from: each unfinished sample's
+    # tokens so far on any engine and its max_tokens
+    assert {row: tokens for row, tokens, _ in res["partial_progress"]} == held
+    assert {cap for _, _, cap in res["partial_progress"] + res["adopted_progress"]} == {RESPONSE_LEN}
+    assert sorted((row, tokens) for row, tokens, _ in res["adopted_progress"]) == exported
     _assert_equals_reference(res["partial"], res["reference"])
 
 
