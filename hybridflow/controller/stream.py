@@ -233,7 +233,6 @@ class GenerationStream:
         # done with an adopt queued behind: the adopt opens a new session on that engine
         if result["done"] and replica.open and not replica.queued("stream_adopt"):
             replica.open, replica.closed_at, replica.unfinished = False, time.perf_counter(), 0
-            replica.progress = []
         return self._keep(result["rows"])
 
     def _keep(self, rows) -> list[DataProto]:
@@ -351,8 +350,9 @@ class GenerationStream:
     def _exported(self, source: Replica, partials: list) -> None:
         target = source.export_to.popleft()
         source.unfinished = max(0, source.unfinished - len(partials))
-        gone = {int(p.row_index) for p in partials}
-        source.progress = [p for p in source.progress or [] if p[0] not in gone]
+        if source.progress is not None:  # the moved rows leave its report (the receiver's next one has them)
+            gone = {int(p.row_index) for p in partials}
+            source.progress = [p for p in source.progress if p[0] not in gone]
         if not partials:  # the source finished them meanwhile
             self._moving = False
             return

@@ -222,7 +222,7 @@ class VLLMStream:
         """Unfinished samples with no token generated yet: those still waiting for a place in the
         engine's batch (or prefilled in the step that ends now). Moving them costs the receiver
         no recomputed prefix and leaves no partly run answer to restart late."""
-        return sum(_generated(sample, self._state(request_id)) == 0 for request_id, sample in self._samples.items())
+        return sum(tokens == 0 for _, tokens, _ in self.progress())
 
     def metrics(self) -> dict[str, float]:
         """``perf/gen_tail_share`` over the samples this session finished, and the moves."""
