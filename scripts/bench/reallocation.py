@@ -15,25 +15,26 @@ batch is hundreds to thousands of samples against vLLM's 256); ``--max-num-seqs 
 sample from the first step, where the even deal bounds any reallocation at about 0.81 on 2 CPU
 cores (docs/benchmarks.md).
 
-Each repetition times, in turn: ``plain`` (``generate_sequences``: what the trainer does without
-reallocation), ``even`` (``generate_sequences`` of the same prompts dealt evenly, every other long
-and short one to each rank: a deal balanced from the start, the mark reallocation aims at, with no
-move and no stream),
+Each repetition times, in turn (the order reversed every other repetition): ``plain``
+(``generate_sequences``: what the trainer does without reallocation), ``even``
+(``generate_sequences`` of the same prompts dealt evenly, every other long and short one to each
+rank: a deal balanced from the start, the mark reallocation aims at, with no move and no stream),
 ``stream`` (``GenerationStream`` without rebalancing: the stream's own cost), ``reallocated``
 (``GenerationStream(rebalance=--threshold)``, queued samples moved, or running ones too with
 ``--move-started``, started on the receiver before its own waiting samples unless
-``--adopted-last``: what the trainer does with ``rollout.reallocation.enable`` in its first epoch) and ``dealt`` (the prompts dealt by their
-warm-up answers' lengths: what it does from the second epoch on, ``deal_by_length``; every length
-known, so no sample moves: ``rebalance_threshold``). Prints
-one JSON: the times and their medians, the ratios reallocated / plain (the issue's goal: <= 0.7),
-dealt / plain, reallocated / stream and even / plain, the share of
-the even deal's gain reallocation got, each rank's finish time in the streams, the samples moved,
-whether the tokens are generate_sequences' (greedy) and the largest log-prob difference, and the
-engine's seconds per step by the sequences it runs (``step_s_by_running_per_rank``) with the
-best ratio that curve allows (``ideal_ratio``: the busier rank alone against the running
-sequences shared evenly at every step, moves free; only where nothing queues).
+``--adopted-last``: what the trainer does with ``rollout.reallocation.enable`` in its first epoch)
+and ``dealt`` (the prompts dealt by their warm-up answers' lengths: what it does from the second
+epoch on, ``deal_by_length``; every length known, so no sample moves: ``rebalance_threshold``).
+Prints one JSON: the times and their medians, the ratios reallocated / plain (the issue's goal: <=
+0.7), of the medians and paired (each repetition's own, then their median), dealt / plain,
+reallocated / stream and even / plain, the share of the even deal's gain reallocation got, each
+rank's finish time in the streams, the samples moved, whether the tokens are generate_sequences'
+(greedy) and the largest log-prob difference, and the engine's seconds per step by the sequences it
+runs (``step_s_by_running_per_rank``) with the best ratio that curve allows (``ideal_ratio``: the
+busier rank alone against the running sequences shared evenly at every step, moves free; only where
+nothing queues).
 
-    .venv/bin/python scripts/bench/reallocation.py               # about 15 min with assets cached
+    .venv/bin/python scripts/bench/reallocation.py               # about 17 min with assets cached
     .venv/bin/python scripts/bench/reallocation.py --max-num-seqs 256 --move-started --reps 3
 """
 from __future__ import annotations
@@ -45,6 +46,8 @@ import statistics
 import sys
 import time
 
+# timed in this order in even repetitions, in the reverse order in odd ones
+MODES = ("plain", "even", "stream", "reallocated", "dealt")
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 REPO = os.path.dirname(os.path.dirname(BENCH))
@@ -199,20 +202,23 @@ def measure(argv) -> dict:
         batch, even = candidates[torch.tensor(order)], candidates[torch.tensor(even_order)]
         dealt = lengths[torch.tensor(order)]
         half = args.per_rank
-        runs = {"plain": [], "stream": [], "reallocated": [], "dealt": [], "even": []}
+        runs = {name: [] for name in MODES}
         moved, moves, rank_finish, same, lp_diff = [], [], {"stream": [], "reallocated": [], "dealt": []}, True, 0.0
         # what the trainer deals by from the second epoch on: these prompts' answers at the warm-up
         known = [float(x) for x in dealt]
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            want = actor.generate_sequences(batch)
-            runs["plain"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            actor.generate_sequences(even)
-            runs["even"].append(time.perf_counter() - t0)
-            for name, rebalance, lengths in (("stream", None, None), ("reallocated", realloc.threshold, None),
-                                             ("dealt", rebalance_threshold(realloc, known), known)):
+        want = actor.generate_sequences(batch)  # the tokens every mode must give (greedy)
+        streams = {"stream": (None, None), "reallocated": (realloc.threshold, None),
+                   "dealt": (rebalance_threshold(realloc, known), known)}
+        for rep in range(args.reps):
+            # this machine's speed drifts by 10-25% within a minute (docs/benchmarks.md), so the
+            # modes' order is reversed every other repetition, as speculative.py does
+            for name in MODES if rep % 2 == 0 else reversed(MODES):
                 t0 = time.perf_counter()
+                if name in ("plain", "even"):
+                    actor.generate_sequences(batch if name == "plain" else even)
+                    runs[name].append(time.perf_counter() - t0)
+                    continue
+                rebalance, lengths = streams[name]
                 got, stream, finished = _stream(actor, batch, realloc, rebalance, lengths)
                 runs[name].append(time.perf_counter() - t0)
                 rank_finish[name].append([round(f, 3) for f in finished])
@@ -246,9 +252,13 @@ def measure(argv) -> dict:
         "seconds": {name: [round(t, 3) for t in times] for name, times in runs.items()},
         "median_s": med,
         "ratio_reallocated_over_plain": round(med["reallocated"] / med["plain"], 3),
+        # each repetition's ratio (its two runs a few seconds apart), then their median: less
+        # moved by the machine's drift than the ratio of medians
+        "ratio_reallocated_over_plain_paired": _paired(runs, "reallocated"),
         "ratio_reallocated_over_stream": round(med["reallocated"] / med["stream"], 3),
         # dealt by the answers' earlier lengths, no move (the trainer's default from epoch 2)
         "ratio_dealt_over_plain": round(med["dealt"] / med["plain"], 3),
+        "ratio_dealt_over_plain_paired": _paired(runs, "dealt"),
         # the best any reallocation could do: the same prompts dealt evenly from the start
         "ratio_even_over_plain": round(med["even"] / med["plain"], 3),
         "share_of_even_gain": (round((med["plain"] - med["reallocated"]) / (med["plain"] - med["even"]), 3)
@@ -264,6 +274,12 @@ def measure(argv) -> dict:
             report["ideal_ratio"] = _ideal(dealt, half, step_cost)
     report["wall_s"] = round(time.perf_counter() - start, 1)
     return report
+
+
+def _paired(runs: dict, name: str) -> dict:
+    """``name`` over plain within each repetition, and the median of those ratios."""
+    ratios = [round(t / p, 3) for t, p in zip(runs[name], runs["plain"])]
+    return {"median": round(statistics.median(ratios), 3), "by_repetition": ratios}
 
 
 def _cpu() -> str:
