@@ -6,8 +6,8 @@ exceeds the idlest's by more than ``threshold`` of the busiest's, about half the
 from the busiest to the idlest (prompt + tokens so far; the receiver
 recomputes their KV cache), so the ranks finish together rather than waiting for the one that was
 dealt the long samples. With ``deal_by_length`` the prompts are dealt by their answers' length at
-their last generation, so a rank is seldom dealt the long ones in the first place, and a step whose
-every prompt was so dealt moves nothing (hybridflow/trainer/reallocated_rollout.py
+their last generation, so a rank is seldom dealt the long ones in the first place, and a step with
+any prompt so dealt moves nothing (hybridflow/trainer/reallocated_rollout.py
 ``rebalance_threshold`` says why). Greedy tokens
 are those of plain generation; sampled ones draw other noise (one vLLM request per sample:
 workers/rollout/vllm_stream.py).
@@ -53,5 +53,5 @@ class ReallocationConfig:
     deal_by_length: bool = key(True, "deal each step's prompts to the ranks by the length of their answers when they "
                                      "were last generated (an earlier epoch): sorted, alternately, longest first "
                                      "(hybridflow/controller/length_deal.py); prompts not seen yet count as "
-                                     "the median; a step whose every prompt is known moves no sample. false: "
+                                     "the median; a step with any prompt known moves no sample. false: "
                                      "contiguous shares, as a plain generation call deals them")

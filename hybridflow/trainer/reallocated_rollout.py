@@ -51,14 +51,16 @@ class AnswerLengths:
 
 
 def rebalance_threshold(reallocation, expected: list[float] | None) -> float | None:
-    """The stream's ``rebalance``: ``reallocation.threshold``, or None (no moves) when every prompt
-    is dealt by a known answer length. Why: on such a deal the ranks' counts of unfinished samples
-    drift apart by how fast each rank steps and when its short answers end, not by the work left,
-    and a move on that drift costs more than it mends (docs/benchmarks.md, sample reallocation,
-    2026-11-30 afternoon: dealt with moves 0.747 of plain against 0.720 without, greedy, 5
-    repetitions in one process; sampled 1.114 against 0.986, though sampled runs differ by their
-    draws as much as that)."""
-    if expected is not None and len(expected) and not np.isnan(np.asarray(expected, dtype=float)).any():
+    """The stream's ``rebalance``: ``reallocation.threshold``, or None (no moves) when any of the
+    step's prompts is dealt by a known answer length (then ``deal_by_length`` deals the whole step:
+    the known ones sorted, the others as their median, alternately, so no rank holds a contiguous
+    run of them). Why: on such a deal the ranks' remaining work drifts apart by how fast each rank
+    steps and when its short answers end more than by the deal, and moves on that drift cost more
+    than they mend (docs/benchmarks.md, sample reallocation: every prompt known, 0.747 of plain
+    with moves against 0.720 without, 2026-11-30 afternoon; half of them known, 0.759 against
+    0.675, faster without in 4 of 4 pairs, 2026-11-30 late night; greedy, in one process). So
+    moves are the first epoch's (no length known), where the deal is contiguous."""
+    if expected is not None and len(expected) and not np.isnan(np.asarray(expected, dtype=float)).all():
         return None
     return reallocation.threshold
 

@@ -61,14 +61,15 @@ def test_answer_lengths_remember_each_prompt_by_its_tokens_not_its_padding():
     assert got[0] == 11.0 and math.isnan(got[1]) and got[2] == 4.0
 
 
-def test_a_step_dealt_wholly_by_known_lengths_moves_no_sample():
-    """The trainer's rebalance threshold: none (no moves) once every prompt's length is known, the
-    configured one while any is not (the first epoch, new prompts) or deal_by_length is off."""
+def test_a_step_dealt_by_known_lengths_moves_no_sample():
+    """The trainer's rebalance threshold: none (no moves) once any prompt's length is known (the
+    step is then dealt by length), the configured one while none is (the first epoch) or
+    deal_by_length is off."""
     from hybridflow.config.reallocation import ReallocationConfig
     from hybridflow.trainer.reallocated_rollout import rebalance_threshold
 
     config = ReallocationConfig(enable=True, threshold=0.3)
     assert rebalance_threshold(config, [12.0, 250.0, 3.5]) is None
-    assert rebalance_threshold(config, [12.0, math.nan, 3.5]) == 0.3
+    assert rebalance_threshold(config, [12.0, math.nan, 3.5]) is None
     assert rebalance_threshold(config, [math.nan] * 3) == 0.3
     assert rebalance_threshold(config, None) == 0.3
