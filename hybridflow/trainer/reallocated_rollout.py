@@ -80,7 +80,7 @@ def generate(actor, gen_in: DataProto, n: int, reallocation, lengths: AnswerLeng
     out = stream.batch()
     out.pop([ROW_INDEX])
     moved = stream.metrics()
-    # a step dealt wholly by known lengths moves none (rebalance_threshold): 0, not absent
+    # a step dealt by known lengths moves none (rebalance_threshold): 0, not absent
     out.meta_info["metrics"] = {**replica_metrics(stream), **{key: moved.get(key, 0.0) for key in
                                                               (REALLOCATED, REALLOCATIONS, REALLOCATED_TOKENS)}}
     if expected is not None:

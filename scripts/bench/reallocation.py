@@ -203,12 +203,13 @@ def measure(argv) -> dict:
         dealt = lengths[torch.tensor(order)]
         half = args.per_rank
         runs = {name: [] for name in MODES}
-        moved, moves, rank_finish, same, lp_diff = [], [], {"stream": [], "reallocated": [], "dealt": []}, True, 0.0
+        moved, moves, same, lp_diff = [], [], True, 0.0
         # what the trainer deals by from the second epoch on: these prompts' answers at the warm-up
         known = [float(x) for x in dealt]
         want = actor.generate_sequences(batch)  # the tokens every mode must give (greedy)
         streams = {"stream": (None, None), "reallocated": (realloc.threshold, None),
                    "dealt": (rebalance_threshold(realloc, known), known)}
+        rank_finish = {name: [] for name in streams}
         for rep in range(args.reps):
             # this machine's speed drifts by 10-25% within a minute (docs/benchmarks.md), so the
             # modes' order is reversed every other repetition, as speculative.py does
