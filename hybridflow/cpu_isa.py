@@ -46,6 +46,64 @@ def cpu_model_and_flags() -> tuple[str, set[str]]:
     return model, flags
 
 
+# CPUID leaf 0x1D describes AMX's tile palettes; a CPU that lists AMX but reports fewer leaves
+# (an Intel VM of this project's kind reported up to 0x1C) leaves oneDNN with an empty palette.
+AMX_TILE_LEAF = 0x1D
+
+
+def cpuid_level() -> int:
+    """The highest basic CPUID leaf the CPU reports, from /proc/cpuinfo (0 where it says none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpuid level"):
+                    return int(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def amx_tiles_described() -> bool:
+    """Whether the CPU lists AMX tiles and reports the leaf that describes them."""
+    return "amx_tile" in cpu_model_and_flags()[1] and cpuid_level() >= AMX_TILE_LEAF
+
+
+def onednn_isa_cap() -> str | None:
+    """The cap oneDNN needs on this CPU (``ONEDNN_MAX_CPU_ISA``), or None for its own choice.
+
+    oneDNN's AMX kernels die with SIGILL on a CPU that lists AMX without the tile leaf: oneDNN
+    reads an empty palette, never configures the tiles, and its first TILEZERO faults (measured on
+    an Intel VM; a hand-configured tile multiply ran there). Capped at AVX512-BF16, a bf16 matmul
+    ran at 0.6-0.7x fp32 there; where the leaf is reported, AMX ran one 6x faster than fp32
+    (Xeon, model 207, 2026-12-01), so the cap is only for the first kind."""
+    if forced_avx2():
+        return "AVX2"
+    if "amx_tile" in cpu_model_and_flags()[1] and not amx_tiles_described():
+        return "AVX512_CORE_BF16"
+    return None
+
+
+def enable_amx() -> bool:
+    """Ask Linux for this process's permission to use AMX tile data (``arch_prctl``), after torch
+    is imported; returns whether vLLM may use AMX.
+
+    Linux gives a process AMX's large register state only on request. oneDNN asks before its own
+    AMX kernels run, but vLLM's CPU attention picks its AMX kernel for bf16 from
+    ``torch.cpu._is_amx_tile_supported()`` and never asks: without this, a bf16 rollout died with
+    SIGILL in ``cpu_attention_with_kv_cache`` (Xeon, model 207). Where permission is refused or
+    the tile leaf is missing, torch.cpu reports no AMX and vLLM takes its AVX512 attention."""
+    import torch.cpu
+
+    if not hasattr(torch.cpu, "_is_amx_tile_supported") or not torch.cpu._is_amx_tile_supported():
+        return False
+    if amx_tiles_described() and torch.cpu._init_amx():
+        return True
+    for flag in ("_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        if hasattr(torch.cpu, flag):
+            setattr(torch.cpu, flag, _false)
+    return False
+
+
 def forced_avx2() -> bool:
     """Whether this process should behave as on an AVX2-only CPU."""
     value = os.environ.get(ENV, "native").strip().lower() or "native"
@@ -55,10 +113,14 @@ def forced_avx2() -> bool:
 
 
 def apply_env() -> None:
-    """Before torch's first matmul: point oneDNN and ATen at their AVX2 code when forced."""
+    """Before torch's first matmul: cap oneDNN where this CPU needs it (:func:`onednn_isa_cap`), and
+    point oneDNN and ATen at their AVX2 code when forced. A cap the user set is kept."""
+    cap = onednn_isa_cap()
     if forced_avx2():
-        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+        os.environ["ONEDNN_MAX_CPU_ISA"] = cap
         os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+    elif cap:
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", cap)
 
 
 def hide_avx512_from_torch() -> None:

@@ -10,14 +10,9 @@ import functools
 import os
 import time
 
-# On CPUs that advertise AMX, oneDNN picks AMX bf16 kernels that die with SIGILL on this machine
-# kind; capping the ISA at AVX512-BF16 keeps bf16 matmuls working (measured: any bf16 nn.Linear
-# crashed without it). Why: the VM reports CPUID leaves only up to 0x1C, so oneDNN reads an empty
-# tile palette (leaf 0x1D) and never configures the tiles; its first TILEZERO faults. AMX itself
-# works here (a hand-configured tile multiply ran). Must be set before oneDNN creates its first
-# primitive, hence at import.
-os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-# HYBRIDFLOW_CPU_ISA=avx2 lowers that cap further, to run as an AVX2-only CPU would (cpu_isa.py)
+# oneDNN's ISA cap (where AMX is listed but unusable) and HYBRIDFLOW_CPU_ISA=avx2 (run as an
+# AVX2-only CPU would) must be in the environment before oneDNN creates its first primitive, hence
+# at import (cpu_isa.py).
 from hybridflow import cpu_isa  # noqa: E402
 
 cpu_isa.apply_env()
@@ -25,7 +20,9 @@ cpu_isa.apply_env()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-cpu_isa.hide_avx512_from_torch()  # before anything loads vLLM's kernels
+# both before anything loads vLLM's kernels, which pick their ISA from torch.cpu's flags
+cpu_isa.hide_avx512_from_torch()
+cpu_isa.enable_amx()
 
 
 def device_type() -> str:

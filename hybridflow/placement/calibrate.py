@@ -51,8 +51,10 @@ def cache_key(threads: int, shape: ModelShape, batch: dict) -> str:
     the model shape and batch sizes the per-token rates were measured at."""
     import torch
 
-    # HYBRIDFLOW_CPU_ISA=avx2 runs this CPU's AVX2 kernels: other rates, so another entry
+    # HYBRIDFLOW_CPU_ISA=avx2 runs this CPU's AVX2 kernels, and a oneDNN cap keeps AMX off: other
+    # rates, so another entry
     ident = json.dumps({"v": CACHE_VERSION, "cpu": cpu_identity(), "isa": os.environ.get("HYBRIDFLOW_CPU_ISA", ""),
+                        "onednn": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                         "torch": torch.__version__, "threads": threads,
                         "shape": asdict(shape), "batch": batch}, sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()[:16]

@@ -64,13 +64,6 @@ ROLES = ("actor", "ref", "critic")
 # (_forward builds new tensors with torch.where), so the warning only alarms users.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
 
-if hf_device.device_type() == "cpu":
-    # Measured on this project's CPU machines: oneDNN's AMX bf16 kernels die with SIGILL although
-    # the CPU flags list AMX; capping the ISA keeps AVX512-BF16 (fp32 kernels do not use AMX).
-    # oneDNN reads this once, at its first kernel, so it must be set before any tensor math.
-    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-
-
 def _aliased_parameter_names(model: torch.nn.Module) -> set[str]:
     """Names that point at a parameter already seen under an earlier name (tied embeddings)."""
     seen, aliases = set(), set()

@@ -132,8 +132,15 @@ def load_live_weights(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> li
 
     Returns the names of Parameters nothing was loaded into (a tied LM head, which shares the
     embedding's Parameter, is not one of them).
+
+    Each tensor is first rounded to the engine's dtype, as a load from a checkpoint rounds it: on
+    AMX CPUs vLLM's small-GEMM kernel keeps its bias in fp32, so a trainer's fp32 bias copied in
+    as is stayed unrounded, and a bf16 engine's log-probs differed by up to 0.016 from the same
+    weights loaded fresh (a val_only run of the export then did not reproduce the last validation).
     """
     model = worker.model_runner.get_model()
+    dtype = worker.model_runner.model_config.dtype
+    weights = ((name, t.to(dtype) if t.is_floating_point() else t) for name, t in weights)
     with torch.no_grad():
         loaded = model.load_weights(weights)
     _repack(_gemm_layers(model))

@@ -1,5 +1,6 @@
 """Weight sync into vLLM: which warnings and log lines a sync keeps, and the live-weights switch."""
 import logging
+import os
 
 import pytest
 
@@ -43,8 +44,11 @@ def test_linears_keep_weights_only_while_building():
 class _Worker:
     """What use_live_weights/load_live_weights see of vLLM's worker: model_runner.get_model()."""
 
-    def __init__(self, model):
-        self.model_runner = type("Runner", (), {"get_model": lambda _self: model})()
+    def __init__(self, model, dtype=None):
+        import torch
+
+        config = type("ModelConfig", (), {"dtype": dtype or torch.float32})()
+        self.model_runner = type("Runner", (), {"get_model": lambda _self: model, "model_config": config})()
 
 
 def _packed_linear(weight):
@@ -113,3 +117,45 @@ def test_live_weights_decline_models_whose_weights_vllm_transforms():
     packed = quantized[0].cpu_linear
     assert "Int4Method" in use_live_weights(_Worker(quantized))
     assert quantized[0].cpu_linear is packed
+
+
+@pytest.mark.slow
+def test_a_bf16_engine_synced_with_fp32_weights_equals_one_loaded_from_them(tmp_path):
+    """A trainer sends fp32 (master) weights; a bf16 engine that loaded the same weights from a
+    checkpoint must give the same log-probs, else a val_only run of the export does not reproduce
+    the run's last validation. On AMX CPUs vLLM's small-GEMM kernel keeps biases in fp32, and a
+    bias copied in unrounded moved log-probs by up to 0.016."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from vllm import LLM, SamplingParams
+
+    import hybridflow.device  # noqa: F401  (AMX permission before vLLM's kernels run)
+    from hybridflow.tiny import make_tiny_checkpoint
+    from workers.rollout.vllm_weight_sync import linears_keep_weights, load_live_weights, use_live_weights
+
+    model = make_tiny_checkpoint(str(tmp_path / "model"), "qwen2", seed=0)
+    weights = load_file(os.path.join(model, "model.safetensors"))
+    torch.manual_seed(0)  # off bf16's grid, as trained fp32 weights are
+    weights = {name: t + 1e-3 * torch.randn_like(t) for name, t in weights.items()}
+    fresh, synced = str(tmp_path / "fresh"), str(tmp_path / "synced")
+    for folder in (fresh, synced):
+        make_tiny_checkpoint(folder, "qwen2", seed=1)
+    save_file({n: t.contiguous() for n, t in weights.items()}, os.path.join(fresh, "model.safetensors"))
+
+    prompts = [{"prompt_token_ids": [5 + i, 9, 11 + i, 3, 7 + 2 * i]} for i in range(4)]
+    params = SamplingParams(max_tokens=6, temperature=0, logprobs=0)
+
+    def logprobs(llm):
+        return [[next(iter(step.values())).logprob for step in out.outputs[0].logprobs]
+                for out in llm.generate(prompts, params, use_tqdm=False)]
+
+    runs = {}
+    for name, folder in (("fresh", fresh), ("synced", synced)):
+        with linears_keep_weights():
+            llm = LLM(model=folder, dtype="bfloat16", enforce_eager=True, max_model_len=64, seed=0)
+        assert llm.collective_rpc(use_live_weights)[0] is None
+        if name == "synced":
+            llm.collective_rpc(load_live_weights, kwargs={"weights": list(weights.items())})
+        runs[name] = logprobs(llm)
+        del llm
+    assert runs["synced"] == runs["fresh"]
