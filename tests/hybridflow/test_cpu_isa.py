@@ -30,13 +30,18 @@ def test_onednn_is_capped_only_where_it_must_be(monkeypatch, flags, level, force
 def test_a_user_cap_is_kept_and_the_avx2_switch_overrides_it(monkeypatch):
     monkeypatch.setattr(cpu_isa, "cpu_model_and_flags", lambda: ("cpu", set(AMX)))
     monkeypatch.setattr(cpu_isa, "cpuid_level", lambda: 0x1C)
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
-    monkeypatch.setenv(cpu_isa.ENV, "native")
+    # a copy: apply_env writes the variables later subprocesses of this test process would inherit
+    environ = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", cpu_isa.ENV: "native"}
+    monkeypatch.setattr(cpu_isa.os, "environ", environ)
     cpu_isa.apply_env()
-    assert cpu_isa.os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
-    monkeypatch.setenv(cpu_isa.ENV, "avx2")
+    assert environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE" and "ATEN_CPU_CAPABILITY" not in environ
+    environ[cpu_isa.ENV] = "avx2"
     cpu_isa.apply_env()
-    assert cpu_isa.os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert environ["ONEDNN_MAX_CPU_ISA"] == "AVX2" and environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    del environ["ONEDNN_MAX_CPU_ISA"]
+    environ[cpu_isa.ENV] = "native"
+    cpu_isa.apply_env()
+    assert environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"  # the Intel VM's cap, unasked
 
 
 def test_the_cpuid_level_is_read_from_proc_cpuinfo():
