@@ -22,6 +22,7 @@ matmul; set ``HYBRIDFLOW_CPU_ISA`` in the shell, not from inside a running progr
 """
 from __future__ import annotations
 
+import functools
 import os
 
 ENV = "HYBRIDFLOW_CPU_ISA"
@@ -31,36 +32,41 @@ _CHOICES = ("avx2", "native")
 def cpu_model_and_flags() -> tuple[str, set[str]]:
     """The first CPU's model name and feature flags from /proc/cpuinfo ("" and an empty set where
     there is none): what the speed figures and the calibration cache depend on."""
-    model, flags = "", set()
+    model, flags, _ = _first_cpu()
+    return model, set(flags)
+
+
+def cpuid_level() -> int:
+    """The highest basic CPUID leaf the CPU reports, from /proc/cpuinfo (0 where it says none)."""
+    return _first_cpu()[2]
+
+
+@functools.cache
+def _first_cpu() -> tuple[str, frozenset[str], int]:
+    """Model name, flags and ``cpuid level`` of the first CPU in /proc/cpuinfo, read once a process
+    (every process that imports hybridflow.device asks at import)."""
+    model, flags, level = "", frozenset(), 0
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-                if model and flags:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = frozenset(value.split())
+                elif key == "cpuid level" and not level:
+                    level = int(value) if value.strip().isdigit() else 0
+                if model and flags and level:
                     break
     except OSError:
         pass
-    return model, flags
+    return model, flags, level
 
 
 # CPUID leaf 0x1D describes AMX's tile palettes; a CPU that lists AMX but reports fewer leaves
 # (an Intel VM of this project's kind reported up to 0x1C) leaves oneDNN with an empty palette.
 AMX_TILE_LEAF = 0x1D
-
-
-def cpuid_level() -> int:
-    """The highest basic CPUID leaf the CPU reports, from /proc/cpuinfo (0 where it says none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpuid level"):
-                    return int(line.split(":", 1)[1])
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def amx_tiles_described() -> bool:
@@ -78,7 +84,7 @@ def onednn_isa_cap() -> str | None:
     (Xeon, model 207, 2026-12-01), so the cap is only for the first kind."""
     if forced_avx2():
         return "AVX2"
-    if "amx_tile" in cpu_model_and_flags()[1] and not amx_tiles_described():
+    if "amx_tile" in cpu_model_and_flags()[1] and cpuid_level() < AMX_TILE_LEAF:
         return "AVX512_CORE_BF16"
     return None
 
@@ -98,9 +104,7 @@ def enable_amx() -> bool:
         return False
     if amx_tiles_described() and torch.cpu._init_amx():
         return True
-    for flag in ("_is_amx_tile_supported", "_is_amx_fp16_supported"):
-        if hasattr(torch.cpu, flag):
-            setattr(torch.cpu, flag, _false)
+    _report_absent("_is_amx_tile_supported", "_is_amx_fp16_supported")
     return False
 
 
@@ -128,10 +132,15 @@ def hide_avx512_from_torch() -> None:
     when it first loads its ops, so this must run before ``import vllm._custom_ops``."""
     if not forced_avx2():
         return
+    _report_absent("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
+                   "_is_amx_tile_supported", "_is_amx_fp16_supported")
+
+
+def _report_absent(*flags: str) -> None:
+    """Make these ``torch.cpu`` capability checks answer False (those this torch has)."""
     import torch.cpu
 
-    for flag in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
-                 "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+    for flag in flags:
         if hasattr(torch.cpu, flag):
             setattr(torch.cpu, flag, _false)
 

@@ -44,10 +44,10 @@ def test_linears_keep_weights_only_while_building():
 class _Worker:
     """What use_live_weights/load_live_weights see of vLLM's worker: model_runner.get_model()."""
 
-    def __init__(self, model, dtype=None):
+    def __init__(self, model):
         import torch
 
-        config = type("ModelConfig", (), {"dtype": dtype or torch.float32})()
+        config = type("ModelConfig", (), {"dtype": torch.float32})()
         self.model_runner = type("Runner", (), {"get_model": lambda _self: model, "model_config": config})()
 
 
