@@ -114,8 +114,9 @@ class RolloutConfig:  # not workers.rollout.base.RolloutConfig, built by recipes
     top_k: int = key(-1, "-1: off", TOP_K)
     tensor_model_parallel_size: int = key(1, "the generation engine's tensor-parallel size", POSITIVE)
     gpu_memory_utilization: float = key(0.5, "GPU only: the share of GPU memory vLLM may use", OPEN_UNIT)
-    kv_cache_gib: float = key(1.0, "CPU only: vLLM's KV cache in GiB (wins over VLLM_CPU_KVCACHE_SPACE)",
-                              GREATER_THAN_0)
+    kv_cache_gib: float | None = key(None, "CPU only: vLLM's KV cache in GiB (wins over VLLM_CPU_KVCACHE_SPACE); "
+                                     "null: what max_num_seqs sequences of the whole context need, at most 1 GiB",
+                                     OPTIONAL_GT_0)
     cpu_live_weights: bool = key(True, "CPU only: syncs skip vLLM's kernel rebuild; false saves one weight copy of RAM")
     max_num_seqs: int = key(256, "vLLM's sequences per engine step", POSITIVE)
     max_num_batched_tokens: int | None = key(None, "vLLM's tokens per engine step; null: vLLM's default",

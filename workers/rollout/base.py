@@ -36,8 +36,9 @@ class RolloutConfig:
     ``response_length`` is the padded response width R and the default ``max_tokens``;
     ``max_tokens`` in meta_info may lower it per call, never raise it. ``top_k=-1`` and
     ``top_p=1.0`` disable truncation. ``kv_cache_gib`` sizes vLLM's KV cache on CPU, to the byte (it
-    takes precedence over vLLM's whole-GiB ``VLLM_CPU_KVCACHE_SPACE``; None leaves the sizing
-    to vLLM); on GPU ``gpu_memory_utilization`` does.
+    takes precedence over vLLM's whole-GiB ``VLLM_CPU_KVCACHE_SPACE``; None: what ``max_num_seqs``
+    sequences of the whole context need, at most 1 GiB, workers/rollout/kv_cache_size.py); on GPU
+    ``gpu_memory_utilization`` does.
     ``cpu_live_weights`` (CPU, vLLM) keeps plain weights beside vLLM's packed kernels so weight
     syncs skip vLLM's rebuild (workers/rollout/vllm_weight_sync.py); off saves that RAM.
     ``free_cache_engine`` tells the hybrid worker to call ``release_memory()`` after each
@@ -61,7 +62,7 @@ class RolloutConfig:
     response_length: int = 512
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
-    kv_cache_gib: float | None = 1.0
+    kv_cache_gib: float | None = None
     cpu_live_weights: bool = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # vLLM's tokens per engine step; None: its default

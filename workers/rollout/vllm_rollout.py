@@ -29,8 +29,9 @@ What differs from plain ``LLM.generate``:
 
 Memory policy: on GPU ``release_memory`` puts the engine to sleep (level 1: weights offloaded to
 host, KV cache freed) and ``resume_memory`` wakes it. vLLM ignores sleep on CPU, so there both
-are no-ops: the KV cache is a fixed ``rollout.kv_cache_gib`` allocation made once at start-up,
-and weights stay resident; size ``kv_cache_gib`` so that it and the training state fit in RAM.
+are no-ops: the KV cache is one allocation made at start-up (``rollout.kv_cache_gib``; by default
+what the engine can use at once, at most 1 GiB: workers/rollout/kv_cache_size.py), and weights stay
+resident; size ``kv_cache_gib`` so that it and the training state fit in RAM.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from hybridflow import shm_names
 from hybridflow.shm_group import unlink_shm_segment
 from hybridflow.protocol import DataProto
 from workers.rollout.hf_class_guard import give_back_transformers_classes
+from workers.rollout.kv_cache_size import auto_kv_cache_bytes
 from workers.rollout.base import (RolloutConfig, build_rollout_batch, generation_layout,
                                   prompt_token_lists, resolve_sampling, special_token_ids,
                                   truncate_at_stop)
@@ -201,7 +203,19 @@ def llm_kwargs(config: RolloutConfig, model_path: str, hf_config, dp_rank: int, 
         kwargs.update(gpu_memory_utilization=config.gpu_memory_utilization, enable_sleep_mode=True)
     elif config.kv_cache_gib is not None:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+    else:
+        kwargs["kv_cache_memory_bytes"] = _auto_kv_cache_bytes(config, hf_config, kwargs["dtype"])
     return kwargs
+
+
+def _auto_kv_cache_bytes(config: RolloutConfig, hf_config, dtype: str) -> int:
+    """``rollout.kv_cache_gib=null``: what the engine can ever use at once (workers/rollout/kv_cache_size.py)."""
+    spec = config.speculative if config.speculative.get("enable") else {}
+    draft = None
+    if spec.get("method") == "draft_model" and spec.get("draft_model_path"):
+        draft = load_hf_config(spec["draft_model_path"], {})
+    return auto_kv_cache_bytes(hf_config, dtype, config.max_num_seqs, config.context_length,
+                               lookahead=int(spec.get("num_speculative_tokens", 0)), draft_hf_config=draft)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import os
 import pytest
 import torch
 
+from hybridflow.model_overrides import load_hf_config
 from hybridflow.protocol import DataProto
 from tests.distributed import run_distributed
 from tests.workers.rollout.common import (MODELS, PROMPT_LEN, RESPONSE_LEN, assert_layout,
@@ -24,12 +25,14 @@ from tests.workers.rollout.common import (MODELS, PROMPT_LEN, RESPONSE_LEN, asse
                                           make_prompts, reference_log_probs)
 from workers.rollout.base import RolloutConfig
 from workers.rollout.hf_rollout import HFRollout
+from workers.rollout.kv_cache_size import auto_kv_cache_bytes
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-# a fraction, while the environment says 1 (above): the config's exact size must win
-KV_CACHE_GIB = 0.25
+# a fraction, while the environment says 1 (above): the config's exact size must win. The untied
+# model takes the default (None): what max_num_seqs sequences of the context need, under 1 GiB.
+KV_CACHE_GIB = {"qwen2-tied": 0.25, "llama-untied": None}
 SAMPLE_STOPS = list(range(3, 40))  # with these, sampled lengths range from 1 to max_tokens
 HF_CONFIG = RolloutConfig(name="hf", prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN)
 
@@ -47,7 +50,7 @@ DUMMY_MODEL, DUMMY_TP = "qwen2-tied", 2  # the auto engine the dummy-loaded one 
 
 def _config(tp: int, live_weights: bool = True, model_name: str | None = None) -> RolloutConfig:
     return RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN,
-                         tensor_model_parallel_size=tp, kv_cache_gib=KV_CACHE_GIB, seed=0,
+                         tensor_model_parallel_size=tp, kv_cache_gib=KV_CACHE_GIB.get(model_name, 0.25), seed=0,
                          cpu_live_weights=live_weights, max_num_batched_tokens=BATCHED_TOKENS,
                          enable_chunked_prefill=False, max_model_len=CONTEXT_LEN,
                          vllm_engine_kwargs=PASSED_THROUGH, **SWITCHES.get(model_name, {}))
@@ -161,7 +164,9 @@ def _rollout_worker(rank, world, tp, models):
         result["stop"] = run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6)
         result["why_full_reload"] = rollout.why_full_reload
         result["on_cpu"] = not rollout._on_gpu
-        result["kv_cache_bytes"] = rollout.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
+        cache = rollout.llm.llm_engine.vllm_config.cache_config
+        result["kv_cache_bytes"] = cache.kv_cache_memory_bytes
+        result["kv_cache_blocks"] = (cache.num_gpu_blocks, cache.block_size)
         vllm_config = rollout.llm.llm_engine.vllm_config
         scheduler = vllm_config.scheduler_config
         result["scheduler"] = (scheduler.max_num_batched_tokens, scheduler.enable_chunked_prefill)
@@ -263,8 +268,14 @@ def test_vllm_rollout_matches_transformers(spawn_cache, model_name, tp):
     for r in results:
         live = _live_weights(tp, model_name)
         assert r["why_full_reload"] == (None if live else "rollout.cpu_live_weights=false")
-        if r["on_cpu"]:
-            assert r["kv_cache_bytes"] == int(KV_CACHE_GIB * 2**30)
+        if r["on_cpu"] and KV_CACHE_GIB[model_name] is not None:
+            assert r["kv_cache_bytes"] == int(KV_CACHE_GIB[model_name] * 2**30)
+        elif r["on_cpu"]:  # the default: a full batch of whole contexts fits at once, in far less than 1 GiB
+            config = _config(tp, model_name=model_name)
+            assert r["kv_cache_bytes"] == auto_kv_cache_bytes(load_hf_config(old_path, {}), "float32",
+                                                              config.max_num_seqs, CONTEXT_LEN) < 2**28
+            blocks, block_size = r["kv_cache_blocks"]
+            assert blocks >= config.max_num_seqs * -(-CONTEXT_LEN // block_size)
         assert r["scheduler"] == (BATCHED_TOKENS, False)
         assert r["engine"] == dict(max_model_len=CONTEXT_LEN, max_logprobs=3, load_format="auto",
                                    enable_prefix_caching=model_name != "qwen2-tied",
