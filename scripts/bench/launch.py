@@ -37,15 +37,11 @@ BASE = ["trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.
 
 
 def run_once(args, paths: dict, setting: str, index: int) -> dict:
-    from memory import GB, Sampler
+    from memory import GB, Sampler, recipe_command
 
     run_dir = os.path.join(args.work_dir, "runs", f"{setting}-{index}")
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
-           f"data.train_files=[{paths['data']}/train.parquet]", f"data.val_files=[{paths['data']}/val.parquet]",
-           f"actor_rollout_ref.model.path={paths['demo']}", f"trainer.default_local_dir={run_dir}",
-           *BASE, *SETTINGS[setting], *args.overrides]
-    env = dict(os.environ, PYTHONPATH=REPO, TOKENIZERS_PARALLELISM="false")
+    cmd, env = recipe_command(paths["data"], paths["demo"], run_dir, [*BASE, *SETTINGS[setting], *args.overrides])
     start = time.perf_counter()
     with Sampler(interval_s=0.25) as sampler:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)

@@ -137,14 +137,19 @@ def drop_checkpoints(run_dir: str) -> None:
             shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
 
 
+def recipe_command(data_dir: str, model: str, run_dir: str, overrides: list[str]) -> tuple[list[str], dict]:
+    """``python -m recipes.main_ppo --config-name grpo`` on ``data_dir``'s train/val files and
+    ``model``, writing into ``run_dir``, and the environment to run it in (from the repo root)."""
+    cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
+           f"data.train_files=[{data_dir}/train.parquet]", f"data.val_files=[{data_dir}/val.parquet]",
+           f"actor_rollout_ref.model.path={model}", f"trainer.default_local_dir={run_dir}", *overrides]
+    return cmd, dict(os.environ, PYTHONPATH=REPO, TOKENIZERS_PARALLELISM="false")
+
+
 def run_layout(args, paths: dict, layout: str) -> dict:
     run_dir = os.path.join(args.work_dir, "runs", layout)
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "recipes.main_ppo", "--config-name", "grpo",
-           f"data.train_files=[{paths['data']}/train.parquet]", f"data.val_files=[{paths['data']}/val.parquet]",
-           f"actor_rollout_ref.model.path={paths['model']}", f"trainer.default_local_dir={run_dir}",
-           *BASE, *LAYOUTS[layout], *args.overrides]
-    env = dict(os.environ, PYTHONPATH=REPO, TOKENIZERS_PARALLELISM="false")
+    cmd, env = recipe_command(paths["data"], paths["model"], run_dir, [*BASE, *LAYOUTS[layout], *args.overrides])
     start = time.perf_counter()
     with Sampler() as sampler:
         try:

@@ -164,10 +164,10 @@ def _rollout_worker(rank, world, tp, models):
         result["stop"] = run(do_sample=False, stop_token_ids=[stop_first], max_tokens=6)
         result["why_full_reload"] = rollout.why_full_reload
         result["on_cpu"] = not rollout._on_gpu
-        cache = rollout.llm.llm_engine.vllm_config.cache_config
+        vllm_config = rollout.llm.llm_engine.vllm_config
+        cache = vllm_config.cache_config
         result["kv_cache_bytes"] = cache.kv_cache_memory_bytes
         result["kv_cache_blocks"] = (cache.num_gpu_blocks, cache.block_size)
-        vllm_config = rollout.llm.llm_engine.vllm_config
         scheduler = vllm_config.scheduler_config
         result["scheduler"] = (scheduler.max_num_batched_tokens, scheduler.enable_chunked_prefill)
         result["engine"] = dict(max_model_len=vllm_config.model_config.max_model_len,
