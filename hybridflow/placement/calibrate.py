@@ -207,15 +207,18 @@ def matmul_flops(dtype: str, hidden: int, ffn: int, tokens: int) -> float:
 
 
 def _hf_model(shape: ModelShape, dtype: str):
-    """A randomly initialised Qwen2 causal LM of ``shape`` (the tiny models' and Llama's layout)."""
+    """A randomly initialised causal LM of ``shape``: Qwen2's layout (the tiny models' and Llama's),
+    Qwen3's where the shape has per-head Q/K norms; the shape's head width either way."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen2Config(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
-                      num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                      vocab_size=shape.vocab, tie_word_embeddings=shape.tied, max_position_embeddings=4096)
+    config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if shape.qk_norm else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config_cls(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
+                     num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                     head_dim=shape.head_dim, vocab_size=shape.vocab, tie_word_embeddings=shape.tied,
+                     max_position_embeddings=4096)
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).to(_torch_dtype(dtype))
+    return model_cls(cfg).to(_torch_dtype(dtype))
 
 
 def forward_flops(shape: ModelShape, dtype: str, micro: int, seq: int) -> float:

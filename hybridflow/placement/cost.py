@@ -147,10 +147,10 @@ class Coster:
 
     # ---- FLOPs -----------------------------------------------------------------------------------
     def fwd_flops_per_token(self, role: str, ctx: float) -> float:
-        """2P for the matmuls (Kaplan et al. 2020) + attention's QK^T and AV: 4 L h ctx, ctx the
-        mean causal context of a token."""
+        """2P for the matmuls (Kaplan et al. 2020) + attention's QK^T and AV: 4 L q_dim ctx (q_dim =
+        heads x head_dim, h in the textbook), ctx the mean causal context of a token."""
         shape = self.w.model_of(role)
-        return 2 * role_params(self.w, role) + 4 * shape.layers * shape.hidden * ctx
+        return 2 * role_params(self.w, role) + 4 * shape.layers * shape.q_dim * ctx
 
     def _fwd_s_per_token(self, role: str, ctx: float) -> float:
         """Seconds of one device for one token's forward (the measured rate, or peak x efficiency)."""
@@ -186,13 +186,13 @@ class Coster:
 
     def layer_act_bytes(self, role: str, seqs: int, tp: int) -> float:
         """Activations one Llama layer keeps for backward, per device, bf16, flash-attention, with
-        sequence parallelism (all split by tp): six s x b x h tensors (each block's norm input and
-        output, Q, the attention output), K and V (s x b x kv_dim each), four s x b x ffn tensors
+        sequence parallelism (all split by tp): four s x b x h tensors (each block's norm input and
+        output), Q and the attention output (s x b x q_dim, h in the textbook), K and V (s x b x kv_dim each), four s x b x ffn tensors
         (SwiGLU's gate, up, SiLU(gate) and their product), 2 bytes each. Derived as Korthikanti et
         al. 2022 do for GPT (arXiv:2205.05198, eq. 1: 34 sbh, whose 5as^2/h term flash-attention drops)."""
         shape = self.w.model_of(role)
         s = self.w.seq_len
-        return seqs * s * (12 * shape.hidden + 4 * shape.kv_dim + 8 * shape.ffn) / tp
+        return seqs * s * (8 * shape.hidden + 4 * shape.q_dim + 4 * shape.kv_dim + 8 * shape.ffn) / tp
 
     def activation_bytes(self, role: str, lay: RoleLayout, trained: bool) -> float:
         """Peak per device for one micro-batch. Trained: with full recompute every layer keeps its

@@ -1,8 +1,9 @@
 """What the planner plans for: model shapes and one PPO step's batch (HybridFlow section 6 inputs).
 
 A ``ModelShape`` is a decoder-only transformer (Llama layout: GQA attention, SwiGLU MLP, RMSNorm,
-untied embeddings unless ``tied``); its parameter count is exact for that layout, so the catalog's
-counts match the published checkpoints (Llama-2 7B: 6.74e9, 13B: 13.0e9, 70B: 69.0e9; CodeLlama
+untied embeddings unless ``tied``; Qwen2's Q/K/V biases and Qwen3's per-head Q/K norms where the
+model has them); its parameter count is exact for that layout, so the catalog's counts match the
+published checkpoints (Llama-2 7B: 6.74e9, 13B: 13.0e9, 70B: 69.0e9; CodeLlama
 34B: 33.7e9). A ``Workload`` is one PPO iteration: ``prompts x samples_per_prompt`` sequences of
 ``prompt_len + response_len`` tokens, trained ``ppo_epochs`` times in ``mini_batches`` updates.
 """
@@ -14,7 +15,13 @@ from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A Llama-style decoder. ``ffn`` is the SwiGLU intermediate size (three matrices)."""
+    """A Llama-style decoder. ``ffn`` is the SwiGLU intermediate size (three matrices).
+
+    ``head_dim`` is each attention head's width; 0 means the textbook ``hidden // heads``. Models
+    whose config sets it apart from that (Qwen3-0.6B: 16 heads of 128 in a 1024-wide model, Gemma)
+    have Q/O projections of ``heads x head_dim`` and a KV cache of ``kv_heads x head_dim`` a layer,
+    so counting ``hidden // heads`` there halves both.
+    """
 
     name: str
     hidden: int
@@ -25,10 +32,17 @@ class ModelShape:
     vocab: int
     tied: bool = False
     qkv_bias: bool = False  # Qwen2's Q/K/V projections carry biases
+    head_dim: int = 0
+    qk_norm: bool = False  # Qwen3's RMSNorm over each head's Q and K (head_dim weights each)
+
+    def __post_init__(self):
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_dim(self) -> int:
+        """Width of Q and of the attention output: ``hidden`` unless ``head_dim`` is set apart."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -36,11 +50,12 @@ class ModelShape:
 
     @property
     def layer_params(self) -> int:
-        """Q and O (h x h each), K and V (h x kv_dim each), gate/up/down (3 h x ffn), two norms
-        (and Q/K/V biases where the model has them)."""
+        """Q and O (h x q_dim each), K and V (h x kv_dim each), gate/up/down (3 h x ffn), two norms
+        (and Q/K/V biases, Q/K head norms where the model has them)."""
         h = self.hidden
-        bias = h + 2 * self.kv_dim if self.qkv_bias else 0
-        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.ffn + 2 * h + bias
+        bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
+        qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        return 2 * h * self.q_dim + 2 * h * self.kv_dim + 3 * h * self.ffn + 2 * h + bias + qk_norm
 
     @property
     def embedding_params(self) -> int:
@@ -57,16 +72,31 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, name: str | None = None) -> "ModelShape":
-        """From a transformers ``PretrainedConfig`` or its ``config.json`` dict (Llama/Qwen/Mistral keys)."""
+        """From a transformers ``PretrainedConfig`` or its ``config.json`` dict (Llama/Qwen/Mistral
+        keys; a multimodal config's ``text_config``)."""
+        if isinstance(hf_config, Mapping):
+            outer = hf_config
+            hf_config = hf_config.get("text_config") or hf_config
+        else:
+            outer = hf_config
+            if hasattr(hf_config, "get_text_config"):
+                hf_config = hf_config.get_text_config()
         get = (hf_config.get if isinstance(hf_config, Mapping)
                else lambda k, d=None: getattr(hf_config, k, d))
+        outer_get = (outer.get if isinstance(outer, Mapping) else lambda k, d=None: getattr(outer, k, d))
         heads = int(get("num_attention_heads"))
-        return cls(name=name or str(get("_name_or_path", None) or get("model_type", "model")),
+        model_type = get("model_type", "") or ""
+        tied = get("tie_word_embeddings", None)
+        if tied is None:  # a multimodal config may keep it on the outer config
+            tied = outer_get("tie_word_embeddings", False)
+        return cls(name=name or str(outer_get("_name_or_path", None) or outer_get("model_type", "model")),
                    hidden=int(get("hidden_size")), layers=int(get("num_hidden_layers")), heads=heads,
                    kv_heads=int(get("num_key_value_heads", None) or heads),
                    ffn=int(get("intermediate_size")), vocab=int(get("vocab_size")),
-                   tied=bool(get("tie_word_embeddings", False)),
-                   qkv_bias=bool(get("attention_bias", False)) or get("model_type", "") == "qwen2")
+                   tied=bool(tied),
+                   qkv_bias=bool(get("attention_bias", False)) or model_type.startswith("qwen2"),
+                   head_dim=int(get("head_dim", None) or 0),
+                   qk_norm=model_type.startswith("qwen3"))
 
 
 # Public shapes, from each checkpoint's config.json: Llama-2 (Touvron et al. 2023, arXiv:2307.09288,

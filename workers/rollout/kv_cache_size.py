@@ -13,7 +13,8 @@ sequences that do not fit, as before. On GPU ``gpu_memory_utilization`` sizes th
 The per-token size is the textbook ``2 (K and V) x layers x KV heads x head_dim x bytes``. Where a
 model caches less than that (sliding windows, MLA's compressed latent, an fp8 cache from
 ``engine_kwargs``) the estimate is high, which costs only RAM under the cap; a config this cannot
-read gets the cap.
+read gets the cap. The planner counts the same bytes (``hybridflow.placement.workload.ModelShape``);
+workers do not import the planner (DESIGN.md's import direction), so this reads the config itself.
 """
 from __future__ import annotations
 
