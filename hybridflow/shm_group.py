@@ -15,21 +15,30 @@ other collective goes to an ordinary gloo group on the same ranks. Callers keep 
 the group (ranks on several hosts, no /dev/shm, a GPU run, vLLM's CPU kernels missing) or is
 not asked for, it returns a plain group of the default backend.
 
-**Opt-in** (``HYBRIDFLOW_SHM_COLLECTIVES=1``): the kernel waits for its peers by spinning. With a
-core per rank that is what makes it fast; on a shared or oversubscribed machine a spinning rank
-burns the time its descheduled peer needs. On this 2-vCPU VM, e2e medium at tp=2, the update
-took 3.47 s with it against 3.82 s on gloo while the host was quiet, and 7.78 s against 3.13 s
-while another tenant took a quarter of the CPU (26% steal). Turn it on where each rank has its
-own core.
+Two uses, each with its own default (``HYBRIDFLOW_SHM_COLLECTIVES``: unset = the defaults below,
+``1`` = both, ``0`` = neither):
 
-Where it pays and where it does not (e2e medium, measured): many small all-reduces on the
-critical path (tensor parallelism) gain, since gloo's cost there is latency. One large
-all-reduce after backward (data-parallel gradients, DDP buckets) loses: the kernel spins while it
-waits for the slower rank, and on a small machine that spin takes the core from the peer and from
-Ray's daemons, where gloo sleeps; see workers/engines/fsdp_layout.py and megatron.py. Not for
-DeviceMesh/DTensor either: their functional collectives dispatch in C++, where a Python-defined
-group's methods are not reliably reached (an FSDP2 mesh built on one deadlocked in
-``full_tensor()``).
+- **Data-parallel gradients, on by default** (:func:`gradient_group`,
+  workers/engines/fsdp_layout.py ``ReduceAfterBackward``): DDP's buckets are held until backward
+  ends and then all-reduced here, one call each (100 MB: 24 ms, against gloo's 72 ms and 56 ms of
+  CPU on a 2-core Xeon, 2026-12-01). gloo reduces each bucket on threads of its own while backward
+  runs, on the cores backward needs; the step gains 1.06-1.20x at 8 rows a rank and nothing
+  measurable at 64 (scripts/bench/engines.py --gloo-too, docs/benchmarks.md). Only where every
+  rank of the group is on this host with cores of its own.
+- **Megatron's tensor-parallel all-reduces, opt-in** (:func:`enabled`): many small all-reduces on
+  the critical path of every layer, where gloo's cost is latency.
+
+The kernel waits for its peers by spinning. With a core per rank that is what makes it fast; on a
+shared or oversubscribed machine a spinning rank burns the time its descheduled peer needs. For
+tensor parallelism that happens at every layer: on a 2-vCPU VM, e2e medium at tp=2, the update
+took 3.47 s with it against 3.82 s on gloo while the host was quiet, and 7.78 s against 3.13 s
+while another tenant took a quarter of the CPU (26% steal), hence opt-in. For gradients it happens
+once a step, and only for as long as the ranks' backward passes differ: handing DDP this group
+instead (each bucket all-reduced inside backward, the rank ahead spinning on the one behind) had
+made the update 1.5x slower (3.71 s against 2.43 s on gloo), the reason the gradients wait for the
+end. Not for DeviceMesh/DTensor: their functional collectives dispatch in C++, where a
+Python-defined group's methods are not reliably reached (an FSDP2 mesh built on one deadlocked in
+``full_tensor()``), so sharded FSDP stays on gloo.
 
 What differs from gloo: the shared-memory all-reduce has no timeout of its own. A rank whose peer
 died waits until its process is killed; the controller fails the step as soon as any rank dies
@@ -209,13 +218,45 @@ def _min_opts() -> AllreduceOptions:
 
 
 def enabled() -> bool:
-    """Shared-memory groups are wanted: a CPU run, asked for (``HYBRIDFLOW_SHM_COLLECTIVES=1``),
-    vLLM's kernels present."""
+    """Shared-memory groups for tensor parallelism are wanted: a CPU run, asked for
+    (``HYBRIDFLOW_SHM_COLLECTIVES=1``), vLLM's kernels present."""
     from hybridflow import device
 
     if device.device_type() != "cpu" or os.environ.get(ENV_SWITCH, "0") != "1":
         return False
     return _kernels_available()
+
+
+def gradients_enabled(ranks: int) -> bool:
+    """Data-parallel gradients of ``ranks`` ranks may go through shared memory: a CPU run, not
+    turned off (``HYBRIDFLOW_SHM_COLLECTIVES=0``), vLLM's kernels present, and cores enough for
+    every rank's threads if they all share this host (else a rank's spin would take a core its
+    peer needs; ranks on several hosts fall back to gloo in :func:`gradient_group`)."""
+    from hybridflow import device
+
+    if device.device_type() != "cpu" or os.environ.get(ENV_SWITCH, "") == "0" or ranks < 2:
+        return False
+    from hybridflow.auto_cpu_layout import host_cores
+
+    if ranks * torch.get_num_threads() > host_cores(None):
+        return False
+    return _kernels_available()
+
+
+def gradient_group(ranks: Sequence[int]) -> dist.ProcessGroup | None:
+    """A shared-memory group on ``ranks`` for their gradient all-reduces, or None where
+    :func:`gradients_enabled` says no or the ranks are not all on this host. Collective: every rank
+    of the world calls it, with the same ranks."""
+    ranks = sorted(int(r) for r in ranks)
+    if not gradients_enabled(len(ranks)):
+        return None
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, _host_id())
+    if len({hosts[r] for r in ranks}) != 1 or not os.path.isdir("/dev/shm"):
+        return None
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, SharedMemoryGroup, devices=["cpu"])
+    return dist.new_group(ranks, backend=BACKEND)
 
 
 def new_group(ranks: Sequence[int]) -> dist.ProcessGroup:

@@ -7,7 +7,10 @@ Measured, on one model and one batch (every token real, so no path can skip padd
 - ``plain_1thread_half_solo``: the same loop on half the batch with 1 thread (one rank's work),
   alone; ``plain_1thread_half_pair``: two such processes at once, no communication (ideal DP).
 - ``fsdp_dp2``: FSDPEngine, 2 ranks x 1 thread, half the batch each, parameters sharded (fsdp_size -1).
-- ``fsdp_dp2_replicated``: the same with ``fsdp_size=1`` (each rank holds the model; DDP all-reduce).
+- ``fsdp_dp2_replicated``: the same with ``fsdp_size=1`` (each rank holds the model; DDP all-reduce,
+  through shared memory after backward where vLLM's CPU kernels are). ``--gloo-too`` adds
+  ``fsdp_dp2_replicated_gloo`` (``HYBRIDFLOW_SHM_COLLECTIVES=0``: DDP's own all-reduce on gloo) and
+  ``speedup_vs_gradients_on_gloo``.
 - ``megatron_tp2`` / ``megatron_pp2``: MegatronEngine, 2 ranks x 1 thread, the whole batch
   (dp=1); PP splits it into ``--pp-micro-batches`` micro-batches for the 1F1B schedule.
 - ``torch_fsdp2`` / ``torch_ddp`` / ``torch_tp`` / ``torch_pp``: each engine layout written by hand
@@ -202,6 +205,8 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
         torch.set_num_threads(threads)
         if group.endswith(SHM_SUFFIX):  # the same engine with hybridflow/shm_group.py on
             os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = "1"
+        if group.endswith(GLOO_SUFFIX):  # ... and off: DDP's own gradient all-reduce on gloo
+            os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = "0"
         if group.startswith(("fsdp", "megatron", "torch_")):
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                               WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
@@ -220,7 +225,7 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
         elif group.startswith("torch_"):
             step = layout_step_fn(args, group.removeprefix("torch_"), data, rank, device)
         else:
-            step = engine_step_fn(args, group.removesuffix(SHM_SUFFIX), data)
+            step = engine_step_fn(args, group.removesuffix(SHM_SUFFIX).removesuffix(GLOO_SUFFIX), data)
         for _ in range(args.warmup):
             step()
         hf_device.synchronize()
@@ -247,7 +252,11 @@ def _worker(group: str, rank: int, world: int, port: int, threads: int, args, cm
 ENGINE_GROUPS = ("fsdp_dp2", "fsdp_dp2_replicated", "megatron_tp2", "megatron_pp2")
 # --shm-too: these engines again with HYBRIDFLOW_SHM_COLLECTIVES=1 (hybridflow/shm_group.py on)
 SHM_SUFFIX = "_shm"
-SHM_TOO = ("megatron_tp2",)  # the only engine whose collectives can use hybridflow/shm_group.py
+SHM_TOO = ("megatron_tp2",)  # opt-in there; the replicated FSDP layout's gradients use it by default
+# --gloo-too: the replicated FSDP layout again with HYBRIDFLOW_SHM_COLLECTIVES=0 (DDP's own gradient
+# all-reduce over gloo, overlapped with backward, instead of shared memory after it)
+GLOO_SUFFIX = "_gloo"
+GLOO_TOO = ("fsdp_dp2_replicated",)
 # --no-prefetch-too: sharded FSDP again with each all-gather blocking where it is needed
 NO_PREFETCH = "fsdp_dp2_no_prefetch"
 # --keep-gathered-too: sharded FSDP again with fsdp_config.reshard_after_forward=false
@@ -350,7 +359,7 @@ def same_layout_of(engine: str) -> str | None:
     """The plain-PyTorch twin of an engine measurement (None for LoRA, which does less work)."""
     if engine.startswith(LORA):
         return None
-    base = engine.removesuffix(SHM_SUFFIX)
+    base = engine.removesuffix(SHM_SUFFIX).removesuffix(GLOO_SUFFIX)
     return SAME_LAYOUT["fsdp_dp2" if base in (NO_PREFETCH, KEEP_GATHERED) else base]
 
 
@@ -411,6 +420,10 @@ def summarise(args, rounds: list[dict], memory: dict) -> dict:
             engines[name]["speedup_vs_full_fine_tuning"] = round(
                 statistics.median(r[name] / r[full] for r in wall), 3)
             engines[name]["lora_rank"] = args.lora_too
+    for name in GLOO_TOO:  # same run, same rounds: gradients through shared memory after backward vs gloo
+        if name + GLOO_SUFFIX in engines:
+            engines[name]["speedup_vs_gradients_on_gloo"] = round(
+                statistics.median(r[name] / r[name + GLOO_SUFFIX] for r in wall), 3)
     if KEEP_GATHERED in engines:  # same run, same rounds: one all-gather per layer per step
         engines[KEEP_GATHERED]["speedup_vs_fsdp_dp2"] = round(
             statistics.median(r[KEEP_GATHERED] / r["fsdp_dp2"] for r in wall), 3)
@@ -463,6 +476,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--shm-too", action="store_true",
                    help=f"also run {', '.join(SHM_TOO)} with HYBRIDFLOW_SHM_COLLECTIVES=1")
+    p.add_argument("--gloo-too", action="store_true",
+                   help=f"also run {', '.join(GLOO_TOO)} with HYBRIDFLOW_SHM_COLLECTIVES=0 (gradients on gloo)")
     p.add_argument("--no-prefetch-too", action="store_true",
                    help=f"also run sharded FSDP with fsdp_config.forward_prefetch=false ({NO_PREFETCH})")
     p.add_argument("--keep-gathered-too", action="store_true",
@@ -482,6 +497,10 @@ def parse_args(argv=None):
         for g in SHM_TOO:
             GROUPS[g + SHM_SUFFIX] = GROUPS[g]
             MEASUREMENTS[g + SHM_SUFFIX] = (g + SHM_SUFFIX, MEASUREMENTS[g][1])
+    if args.gloo_too:
+        for g in GLOO_TOO:
+            GROUPS[g + GLOO_SUFFIX] = GROUPS[g]
+            MEASUREMENTS[g + GLOO_SUFFIX] = (g + GLOO_SUFFIX, MEASUREMENTS[g][1])
     if args.rows % 2 or args.rows % args.pp_micro_batches:
         p.error(f"--rows={args.rows} must be even and divisible by --pp-micro-batches={args.pp_micro_batches}")
     return args

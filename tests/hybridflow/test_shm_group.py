@@ -113,3 +113,30 @@ def test_an_avx2_cpu_gets_gloo_even_when_asked_for(monkeypatch):
     monkeypatch.setenv(cpu_isa.ENV, "avx3")
     with pytest.raises(ValueError, match="HYBRIDFLOW_CPU_ISA='avx3': use avx2"):
         shm_group.enabled()
+
+
+@pytest.mark.parametrize("value,ranks,threads,wanted", [
+    (None, 2, 1, True), ("1", 2, 1, True), ("0", 2, 1, False),  # gradients: on unless turned off
+    (None, 1, 1, False),  # nothing to reduce
+    (None, 2, 2, False), (None, 4, 1, False),  # more threads than this host's 2 cores: a spin would take a peer's
+])
+def test_gradients_through_shared_memory_by_default_where_each_rank_has_its_cores(monkeypatch, value, ranks,
+                                                                                  threads, wanted):
+    import torch
+
+    from hybridflow import auto_cpu_layout, shm_group
+
+    monkeypatch.setenv("HYBRIDFLOW_DEVICE", "cpu")
+    if value is None:
+        monkeypatch.delenv(shm_group.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(shm_group.ENV_SWITCH, value)
+    monkeypatch.setattr(auto_cpu_layout, "host_cores", lambda num_cpus: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert shm_group.gradients_enabled(ranks) is (wanted and shm_group._kernels_available())
+        monkeypatch.setenv("HYBRIDFLOW_DEVICE", "cuda")
+        assert shm_group.gradients_enabled(ranks) is False
+    finally:
+        torch.set_num_threads(before)

@@ -244,6 +244,26 @@ def _token_budget_scenario(rank, world, ckpt):
     return out
 
 
+def _gradient_reduction_scenario(rank, world, ckpt):
+    """The replicated layout's gradient all-reduce on gloo (DDP's own, overlapped with backward)
+    and through shared memory after backward (the default where vLLM's CPU kernels are): two
+    steps of two accumulated micro-batches each, every number compared; and which path each took."""
+    from workers.engines.fsdp import FSDPEngine
+
+    first, second = (rank_share(make_grouped_rl_batch(ROWS // 2, 2, P, R, VOCAB, seed=s), rank, world) for s in (16, 17))
+    out = {}
+    for switch in ("0", None):
+        if switch is None:
+            os.environ.pop("HYBRIDFLOW_SHM_COLLECTIVES", None)
+        else:
+            os.environ["HYBRIDFLOW_SHM_COLLECTIVES"] = switch
+        engine = FSDPEngine(engine_config(fsdp_size=1, micro_batch_size_per_gpu=2), ckpt, "actor")
+        metrics = [engine.train_batch(batch, policy_gradient_loss) for batch in (first, second)]
+        out[switch or "default"] = (metrics, full_weights(engine, rank), engine._ddp.reduce_after_backward is not None)
+    os.environ.pop("HYBRIDFLOW_SHM_COLLECTIVES", None)
+    return out
+
+
 def all_scenarios(rank, world, checkpoints, root):
     out = {arch: _actor_scenario(rank, world, ckpt, os.path.join(root, arch), arch == "qwen2")
            for arch, ckpt in checkpoints.items()}
@@ -257,6 +277,7 @@ def all_scenarios(rank, world, checkpoints, root):
     out["prefetch"] = _prefetch_scenario(rank, world, checkpoints["qwen2"])
     out["gathered"] = _gathered_scenario(rank, world, checkpoints["qwen2"])
     out["token_budget"] = _token_budget_scenario(rank, world, checkpoints["qwen2"])
+    out["gradient_reduction"] = _gradient_reduction_scenario(rank, world, checkpoints["qwen2"])
     out["cross_layout"] = _cross_layout_scenario(rank, world, checkpoints["qwen2"], os.path.join(root, "cross"))
     # plain pickle bytes: torch.multiprocessing would ship tensors as shared-memory handles that die
     # with the worker process before the parent reads them

@@ -285,3 +285,24 @@ def test_token_budget_micro_batches_take_the_same_step(engine_runs):
         torch.testing.assert_close(budget[2], fixed[2], atol=1e-5, rtol=0)
         for name, param in (fixed[3] or {}).items():  # rank 0 gathers the full weights
             assert torch.allclose(budget[3][name], param, atol=WEIGHT_ATOL, rtol=0), name
+
+
+@pytest.mark.slow
+def test_gradients_reduced_after_backward_through_shared_memory_take_the_same_steps(engine_runs):
+    """Two replicas on a core each reduce their gradients through shared memory once backward ends
+    (workers/engines/fsdp_layout.py ReduceAfterBackward) where vLLM's CPU kernels are, and give
+    DDP's gloo all-reduce's metrics and weights bit for bit (2 ranks: the same two-term sums)."""
+    from hybridflow import shm_group
+
+    results = [r["gradient_reduction"] for r in engine_runs["results"]]
+    assert [r["0"][2] for r in results] == [False, False]  # HYBRIDFLOW_SHM_COLLECTIVES=0: gloo
+    if not shm_group._kernels_available():
+        pytest.skip("vLLM's CPU build has no shared-memory kernels on this CPU (AVX2-only): gloo is the only path")
+    assert [r["default"][2] for r in results] == [True, True]
+    gloo, shared = results[0]["0"], results[0]["default"]
+    assert gloo[0] == shared[0]
+    assert gloo[1].keys() == shared[1].keys()
+    for name in gloo[1]:
+        assert torch.equal(gloo[1][name], shared[1][name]), name
+    initial = _hf_model(engine_runs["checkpoints"]["qwen2"]).state_dict()
+    assert any(not torch.equal(initial[name], weight) for name, weight in shared[1].items())  # they trained
