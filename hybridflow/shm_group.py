@@ -244,15 +244,21 @@ def gradients_enabled(ranks: int) -> bool:
 
 
 def gradient_group(ranks: Sequence[int]) -> dist.ProcessGroup | None:
-    """A shared-memory group on ``ranks`` for their gradient all-reduces, or None where
-    :func:`gradients_enabled` says no or the ranks are not all on this host. Collective: every rank
-    of the world calls it, with the same ranks."""
+    """A shared-memory group on ``ranks`` for their gradient all-reduces, or None unless every one
+    of them may (:func:`gradients_enabled`) and they are all on one host. Collective: every rank of
+    the world calls it, with the same ranks; the ranks decide together, so hosts of different
+    CPUs (kernels on one, not on another) or a switch set on one rank only cannot split them
+    between a new group and none."""
+    from hybridflow import device
+
     ranks = sorted(int(r) for r in ranks)
-    if not gradients_enabled(len(ranks)):
+    if device.device_type() != "cpu" or len(ranks) < 2:
         return None
-    hosts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, _host_id())
-    if len({hosts[r] for r in ranks}) != 1 or not os.path.isdir("/dev/shm"):
+    mine = (gradients_enabled(len(ranks)) and os.path.isdir("/dev/shm"), _host_id())
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    members = [every[r] for r in ranks]
+    if not all(ok for ok, _ in members) or len({host for _, host in members}) != 1:
         return None
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, SharedMemoryGroup, devices=["cpu"])

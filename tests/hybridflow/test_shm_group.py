@@ -140,3 +140,28 @@ def test_gradients_through_shared_memory_by_default_where_each_rank_has_its_core
         assert shm_group.gradients_enabled(ranks) is False
     finally:
         torch.set_num_threads(before)
+
+
+def _gradient_groups(rank, world):
+    import os
+
+    from hybridflow import shm_group
+
+    os.environ.pop(shm_group.ENV_SWITCH, None)
+    both = shm_group.gradient_group(range(world))
+    if rank == 1:  # one rank turned off (or a host without the kernels): neither may build the group
+        os.environ[shm_group.ENV_SWITCH] = "0"
+    split = shm_group.gradient_group(range(world))
+    os.environ.pop(shm_group.ENV_SWITCH, None)
+    return both is not None, split is None
+
+
+@pytest.mark.slow
+def test_ranks_decide_the_gradient_group_together():
+    """One rank that may not use shared memory keeps all on gloo, and nobody waits in a group
+    the other never builds."""
+    from hybridflow import shm_group
+
+    results = run_distributed(_gradient_groups, 2, timeout_s=120)
+    assert [split for _, split in results] == [True, True]
+    assert [both for both, _ in results] == [shm_group._kernels_available()] * 2
