@@ -187,8 +187,9 @@ class Coster:
     def layer_act_bytes(self, role: str, seqs: int, tp: int) -> float:
         """Activations one Llama layer keeps for backward, per device, bf16, flash-attention, with
         sequence parallelism (all split by tp): four s x b x h tensors (each block's norm input and
-        output), Q and the attention output (s x b x q_dim, h in the textbook), K and V (s x b x kv_dim each), four s x b x ffn tensors
-        (SwiGLU's gate, up, SiLU(gate) and their product), 2 bytes each. Derived as Korthikanti et
+        output), Q and the attention output (s x b x q_dim, h in the textbook), K and V (s x b x
+        kv_dim each), four s x b x ffn tensors (SwiGLU's gate, up, SiLU(gate) and their product),
+        2 bytes each. Derived as Korthikanti et
         al. 2022 do for GPT (arXiv:2205.05198, eq. 1: 34 sbh, whose 5as^2/h term flash-attention drops)."""
         shape = self.w.model_of(role)
         s = self.w.seq_len

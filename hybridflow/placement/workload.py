@@ -75,15 +75,10 @@ class ModelShape:
         """From a transformers ``PretrainedConfig`` or its ``config.json`` dict (Llama/Qwen/Mistral
         keys; a multimodal config's ``text_config``)."""
         if isinstance(hf_config, Mapping):
-            outer = hf_config
-            hf_config = hf_config.get("text_config") or hf_config
+            text = hf_config.get("text_config") or hf_config
         else:
-            outer = hf_config
-            if hasattr(hf_config, "get_text_config"):
-                hf_config = hf_config.get_text_config()
-        get = (hf_config.get if isinstance(hf_config, Mapping)
-               else lambda k, d=None: getattr(hf_config, k, d))
-        outer_get = (outer.get if isinstance(outer, Mapping) else lambda k, d=None: getattr(outer, k, d))
+            text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        get, outer_get = _getter(text), _getter(hf_config)
         heads = int(get("num_attention_heads"))
         model_type = get("model_type", "") or ""
         tied = get("tie_word_embeddings", None)
@@ -97,6 +92,11 @@ class ModelShape:
                    qkv_bias=bool(get("attention_bias", False)) or model_type.startswith("qwen2"),
                    head_dim=int(get("head_dim", None) or 0),
                    qk_norm=model_type.startswith("qwen3"))
+
+
+def _getter(config: Any):
+    """``get(key, default)`` on a config.json dict or a ``PretrainedConfig``."""
+    return config.get if isinstance(config, Mapping) else lambda key, default=None: getattr(config, key, default)
 
 
 # Public shapes, from each checkpoint's config.json: Llama-2 (Touvron et al. 2023, arXiv:2307.09288,

@@ -485,22 +485,14 @@ def parse_args(argv=None):
     p.add_argument("--lora-too", type=int, default=0, metavar="RANK",
                    help=f"also run both FSDP layouts with rank-RANK LoRA adapters ({LORA}, {LORA}_replicated)")
     args = p.parse_args(argv)
-    if args.lora_too:
-        for group in (LORA, LORA + "_replicated"):
-            GROUPS[group] = GROUPS["fsdp_dp2"]
-            MEASUREMENTS[group] = (group, MEASUREMENTS["fsdp_dp2"][1])
-    for flag, group in ((args.no_prefetch_too, NO_PREFETCH), (args.keep_gathered_too, KEEP_GATHERED)):
-        if flag:
-            GROUPS[group] = GROUPS["fsdp_dp2"]
-            MEASUREMENTS[group] = (group, MEASUREMENTS["fsdp_dp2"][1])
-    if args.shm_too:
-        for g in SHM_TOO:
-            GROUPS[g + SHM_SUFFIX] = GROUPS[g]
-            MEASUREMENTS[g + SHM_SUFFIX] = (g + SHM_SUFFIX, MEASUREMENTS[g][1])
-    if args.gloo_too:
-        for g in GLOO_TOO:
-            GROUPS[g + GLOO_SUFFIX] = GROUPS[g]
-            MEASUREMENTS[g + GLOO_SUFFIX] = (g + GLOO_SUFFIX, MEASUREMENTS[g][1])
+    variants = [(group, "fsdp_dp2") for group in (LORA, LORA + "_replicated") if args.lora_too]
+    variants += [(group, "fsdp_dp2") for flag, group in ((args.no_prefetch_too, NO_PREFETCH),
+                                                         (args.keep_gathered_too, KEEP_GATHERED)) if flag]
+    variants += [(g + SHM_SUFFIX, g) for g in SHM_TOO if args.shm_too]
+    variants += [(g + GLOO_SUFFIX, g) for g in GLOO_TOO if args.gloo_too]
+    for group, like in variants:  # another setting of an engine: its processes and ranks
+        GROUPS[group] = GROUPS[like]
+        MEASUREMENTS[group] = (group, MEASUREMENTS[like][1])
     if args.rows % 2 or args.rows % args.pp_micro_batches:
         p.error(f"--rows={args.rows} must be even and divisible by --pp-micro-batches={args.pp_micro_batches}")
     return args

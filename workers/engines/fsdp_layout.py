@@ -9,10 +9,9 @@ verl's ``fsdp_config.fsdp_size`` picks one of three layouts:
 - ``1``: replicated. Every rank holds the full model and ``DistributedDataParallel`` all-reduces
   the gradients: on one CPU host through shared memory once backward ends
   (``ReduceAfterBackward``), elsewhere DDP's own, bucketed and overlapped with backward. No
-  forward gathers parameters and the
-  weight sync to the rollout is a local copy. For models that fit a device several times over
-  this is the fast layout: on a 2-core CPU at 25M parameters a training step measured 2.5 s vs
-  3.3 s sharded, and the sync to vLLM went from 0.43 s to 0.12 s.
+  forward gathers parameters and the weight sync to the rollout is a local copy. For models that
+  fit a device several times over this is the fast layout: on a 2-core CPU at 25M parameters a
+  training step measured 2.5 s vs 3.3 s sharded, and the sync to vLLM went from 0.43 s to 0.12 s.
 
 The HF module itself is what callers keep: sharded layouts change it in place (FSDP2), the
 replicated one wraps it in a DDP object used only for training forwards.
@@ -55,8 +54,9 @@ def place(model: torch.nn.Module, *, shard_size: int, dp_size: int, param_dtype:
         ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
                                                         gradient_as_bucket_view=True)
         group = shm_group.gradient_group(range(dp_size))
-        ddp.reduce_after_backward = None if group is None else ReduceAfterBackward(group, dp_size)
+        ddp.reduce_after_backward = None
         if group is not None:
+            ddp.reduce_after_backward = ReduceAfterBackward(group)
             ddp.register_comm_hook(ddp.reduce_after_backward, ReduceAfterBackward.hook)
         return ddp
     if shard_size == dp_size:
@@ -144,12 +144,12 @@ class ReduceAfterBackward:
     the rows a rank trains per step (scripts/bench/engines.py --gloo-too): 1.06-1.20x the step at
     8 rows a rank, nothing measurable at the e2e medium shape's 64. The kernel spins while it
     waits for the slower rank, which is why it runs once, at the end, where ranks of equal work
-    arrive together (per bucket, inside backward, it made the update 1.5x slower). The numbers are DDP's: each
-    bucket divided by the world size, then summed (for 2 ranks bit for bit; for more, the sum's
-    order is the kernel's, not gloo's ring)."""
+    arrive together (per bucket, inside backward, it made the update 1.5x slower). The numbers
+    are DDP's: each bucket divided by the group's size, then summed (for 2 ranks bit for bit; for
+    more, the sum's order is the kernel's, not gloo's ring)."""
 
-    def __init__(self, group, world: int):
-        self.group, self.world = group, world
+    def __init__(self, group):
+        self.group, self.world = group, torch.distributed.get_world_size(group)
         self.pending: list = []
 
     @staticmethod
